@@ -1,0 +1,61 @@
+"""The pgjobd error tree, and which errors are worth retrying."""
+
+from __future__ import annotations
+
+import asyncpg
+
+
+class PgjobdError(Exception):
+    """Base of every error pgjobd raises on purpose."""
+
+
+class ConfigError(PgjobdError):
+    """A configuration file, option or handler directory is unusable (exit status 78)."""
+
+
+class SchemaError(PgjobdError):
+    """The database's pgjobd schema is missing, or newer than this code."""
+
+
+class EnqueueError(PgjobdError, ValueError):
+    """A job was rejected at enqueue time; nothing was written."""
+
+
+class DuplicateJob(EnqueueError):
+    """A live job with the same unique_key exists (raised only with on_conflict="raise")."""
+
+    def __init__(self, unique_key: str, existing_id: int) -> None:
+        super().__init__(f"a live job with unique_key {unique_key!r} exists: id {existing_id}")
+        self.unique_key = unique_key
+        self.existing_id = existing_id
+
+
+# SQLSTATEs raised by pgjobd's SQL functions (class "PJ" is not used by PostgreSQL).
+SQLSTATE_ARGS_TOO_LARGE = "PJ001"
+SQLSTATE_ARGS_NOT_OBJECT = "PJ002"
+SQLSTATE_INVALID_QUEUE = "PJ003"
+SQLSTATE_INVALID_OPTION = "PJ004"
+SQLSTATE_DUPLICATE_JOB = "PJ005"
+ENQUEUE_SQLSTATES = frozenset(
+    {
+        SQLSTATE_ARGS_TOO_LARGE,
+        SQLSTATE_ARGS_NOT_OBJECT,
+        SQLSTATE_INVALID_QUEUE,
+        SQLSTATE_INVALID_OPTION,
+    }
+)
+
+# Errors after which the same operation may succeed if simply tried again: the network,
+# a restarting server, serialization failures and deadlocks.
+TRANSIENT: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+    asyncpg.exceptions.InterfaceError,
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
+    asyncpg.exceptions.SerializationError,
+    asyncpg.exceptions.DeadlockDetectedError,
+)
