@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 
 # A schema name is spliced into SQL as an identifier, so it is kept to the characters
-# that never need quoting. 63 bytes is PostgreSQL's identifier limit.
-SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+# that never need quoting, and to 48 of them so that derived names (partitions,
+# "<schema>.job_ready" NOTIFY channels, role names) fit PostgreSQL's 63-byte limit.
+SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,47}")
 # Queue names appear in TOML tables, metric labels and NOTIFY payloads.
 QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 KIND_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}")
@@ -16,7 +17,7 @@ def schema_name_problem(name: str) -> str | None:
     if SCHEMA_NAME.fullmatch(name):
         return None
     return (
-        f"invalid schema name {name!r}: expected 1-63 characters of a-z, 0-9 and _, "
+        f"invalid schema name {name!r}: expected 1-48 characters of a-z, 0-9 and _, "
         "not starting with a digit"
     )
 
