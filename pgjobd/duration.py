@@ -58,6 +58,10 @@ def _microseconds(text: str) -> int:
     position = 0
     last_unit_rank = -1
     total = Fraction(0)
+    if re.fullmatch(r"\d+(?:\.\d+)?", body):
+        raise ValueError(
+            f"expected a duration like {EXAMPLES}, got {_quote(text)}: a number needs a unit"
+        )
     while position < len(body):
         match = _COMPONENT.match(body, position)
         if match is None:

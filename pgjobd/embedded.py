@@ -260,8 +260,12 @@ def _is_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def processes_using(data_dir: Path) -> list[int]:
-    """Live processes whose working directory is data_dir: a postmaster and its children."""
+def server_processes(data_dir: Path) -> list[int]:
+    """Live postgres processes working in data_dir: its postmaster and their children.
+
+    Every PostgreSQL process changes into its data directory; a shell that happens to be
+    there is not counted.
+    """
     target = os.path.realpath(data_dir)
     found = []
     for entry in os.scandir("/proc"):
@@ -269,9 +273,10 @@ def processes_using(data_dir: Path) -> list[int]:
             continue
         try:
             cwd = os.readlink(f"/proc/{entry.name}/cwd")
+            program = os.path.basename(os.readlink(f"/proc/{entry.name}/exe"))
         except OSError:
             continue
-        if cwd == target:
+        if cwd == target and program == "postgres":
             found.append(int(entry.name))
     return found
 
@@ -415,7 +420,7 @@ class Cluster:
         if self._pid is not None and _is_alive(self._pid):
             return
         self.init()
-        if self._adopt():
+        if self.adopt():
             return
         self._wait_for_orphans()
         _hand_over(self.data_dir, self.identity)
@@ -431,11 +436,12 @@ class Cluster:
                 if attempt == attempts or port_is_free(port):
                     raise
 
-    def _adopt(self) -> bool:
+    def adopt(self) -> bool:
+        """Take over a server already running on this data directory, if there is one."""
         pid_file = _PidFile.read(self.data_dir)
         if pid_file is None:
             return False
-        if pid_file.pid not in processes_using(self.data_dir) or pid_file.port is None:
+        if pid_file.pid not in server_processes(self.data_dir) or pid_file.port is None:
             if _is_alive(pid_file.pid):
                 # The pid was reused by an unrelated process, which PostgreSQL would take
                 # for a live postmaster. A dead pid PostgreSQL handles itself.
@@ -448,9 +454,9 @@ class Cluster:
     def _wait_for_orphans(self) -> None:
         # Backends of a postmaster killed alone exit once they notice; a new postmaster
         # must not start while they still hold the old shared memory.
-        if not _wait_until(lambda: not processes_using(self.data_dir), 10.0):
+        if not _wait_until(lambda: not server_processes(self.data_dir), 10.0):
             raise ClusterError(
-                f"processes {processes_using(self.data_dir)} still use {self.data_dir} "
+                f"processes {server_processes(self.data_dir)} still use {self.data_dir} "
                 "with no postmaster; stop them first"
             )
 
@@ -516,6 +522,10 @@ class Cluster:
                 raise ClusterError(f"PostgreSQL not ready in {_READY_TIMEOUT_S} s")
             time.sleep(_POLL_S)
 
+    @property
+    def running(self) -> bool:
+        return self._pid is not None and self._server_alive()
+
     def _server_alive(self) -> bool:
         if self._child is not None:
             return self._child.poll() is None
@@ -551,7 +561,7 @@ class Cluster:
             except ProcessLookupError:
                 pass
             self._wait_exit(10.0)
-            _wait_until(lambda: not processes_using(self.data_dir), 10.0)
+            _wait_until(lambda: not server_processes(self.data_dir), 10.0)
         self._forget()
 
     def _wait_exit(self, timeout_s: float) -> bool:

@@ -135,9 +135,7 @@ def _import_file(name: str, path: Path, directory: Path) -> None:
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as e:
         sys.modules.pop(name, None)
-        raise ConfigError(
-            f"cannot import handler module {path}: {_describe(e, directory)}"
-        ) from e
+        raise ConfigError(f"cannot import handler module {path}: {_describe(e, directory)}") from e
 
 
 def _describe(error: BaseException, directory: Path) -> str:

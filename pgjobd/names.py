@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 # A schema name is spliced into SQL as an identifier, so it is kept to the characters
 # that never need quoting, and to 48 of them so that derived names (partitions,
@@ -13,6 +14,7 @@ QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 KIND_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}")
 
 
+@lru_cache(maxsize=4096)
 def schema_name_problem(name: str) -> str | None:
     if SCHEMA_NAME.fullmatch(name):
         return None
@@ -22,6 +24,7 @@ def schema_name_problem(name: str) -> str | None:
     )
 
 
+@lru_cache(maxsize=4096)
 def queue_name_problem(name: str) -> str | None:
     if QUEUE_NAME.fullmatch(name):
         return None
@@ -31,6 +34,7 @@ def queue_name_problem(name: str) -> str | None:
     )
 
 
+@lru_cache(maxsize=4096)
 def kind_name_problem(name: str) -> str | None:
     if KIND_NAME.fullmatch(name):
         return None

@@ -43,8 +43,8 @@ CREATE TABLE {{schema}}.job (
                                       AND lease_expires_at IS NOT NULL)),
     CONSTRAINT job_attempts_valid CHECK (attempt >= 0 AND max_attempts >= 1 AND crashes >= 0),
     CONSTRAINT job_args_is_object CHECK (jsonb_typeof(args) = 'object'),
-    CONSTRAINT job_queue_name_valid CHECK (queue ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$'),
-    CONSTRAINT job_kind_name_valid CHECK (kind ~ '^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$')
+    CONSTRAINT job_queue_name_valid CHECK (queue ~ '^[A-Za-z0-9][A-Za-z0-9_.-]*$' AND length(queue) <= 64),
+    CONSTRAINT job_kind_name_valid CHECK (kind ~ '^[A-Za-z_][A-Za-z0-9_.:-]*$' AND length(kind) <= 128)
 ) WITH (
     -- Every job is inserted, claimed (updated), possibly renewed and retried (updated),
     -- then deleted: the highest-churn table in the database. 30% free space per page
@@ -195,7 +195,7 @@ CREATE TABLE {{schema}}.leader (
 -- Fleet-wide queue settings (paused) that any member or admin may change.
 CREATE TABLE {{schema}}.queue (
     name          text        PRIMARY KEY
-        CONSTRAINT queue_name_valid CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$'),
+        CONSTRAINT queue_name_valid CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]*$' AND length(name) <= 64),
     paused        boolean     NOT NULL DEFAULT false,
     updated_at    timestamptz NOT NULL DEFAULT now(),
     updated_by    text
@@ -205,9 +205,9 @@ CREATE TABLE {{schema}}.queue (
 -- enqueues naming only the kind (from SQL too) land in the right queue.
 CREATE TABLE {{schema}}.kind (
     name          text        PRIMARY KEY
-        CONSTRAINT kind_name_valid CHECK (name ~ '^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$'),
+        CONSTRAINT kind_name_valid CHECK (name ~ '^[A-Za-z_][A-Za-z0-9_.:-]*$' AND length(name) <= 128),
     queue         text        NOT NULL
-        CONSTRAINT kind_queue_valid CHECK (queue ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$'),
+        CONSTRAINT kind_queue_valid CHECK (queue ~ '^[A-Za-z0-9][A-Za-z0-9_.-]*$' AND length(queue) <= 64),
     priority      smallint    NOT NULL DEFAULT 0,
     max_attempts  integer     NOT NULL DEFAULT 20 CHECK (max_attempts >= 1),
     timeout_s     double precision,

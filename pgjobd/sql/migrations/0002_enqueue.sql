@@ -59,10 +59,11 @@ BEGIN
     -- Find the first bad item with cheap tests; build the message for that one only.
     SELECT * INTO problem FROM (
         SELECT u.*, CASE
-            WHEN u.kind IS NULL OR u.kind !~ '^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$' THEN 'kind'
+            WHEN u.kind IS NULL OR length(u.kind) > 128
+                 OR u.kind !~ '^[A-Za-z_][A-Za-z0-9_.:-]*$' THEN 'kind'
             WHEN u.args IS NULL OR jsonb_typeof(u.args) <> 'object' THEN 'args_type'
             WHEN octet_length(u.args::text) > 65536 THEN 'args_size'
-            WHEN u.queue !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$' THEN 'queue'
+            WHEN length(u.queue) > 64 OR u.queue !~ '^[A-Za-z0-9][A-Za-z0-9_.-]*$' THEN 'queue'
             WHEN u.priority NOT BETWEEN -32768 AND 32767 THEN 'priority'
             WHEN u.delay < interval '0' THEN 'delay'
             WHEN u.delay IS NOT NULL AND u.run_at IS NOT NULL THEN 'delay_and_run_at'
