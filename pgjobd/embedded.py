@@ -409,7 +409,7 @@ class Cluster:
         if done.returncode != 0:
             raise ClusterError(
                 f"initdb failed ({self.identity.way}, {self.binaries.bin_dir}):\n"
-                f"{done.stdout}{done.stderr}"
+                f"{done.stdout}{done.stderr}{self._access_hint()}"
             )
         return True
 
@@ -517,7 +517,9 @@ class Cluster:
             if pid_file is not None and pid_file.pid == self._pid and pid_file.status == "ready":
                 return
             if not self._server_alive():
-                raise ClusterError(f"PostgreSQL exited while starting:\n{self._log_tail()}")
+                raise ClusterError(
+                    f"PostgreSQL exited while starting:\n{self._log_tail()}{self._access_hint()}"
+                )
             if time.monotonic() > deadline:
                 raise ClusterError(f"PostgreSQL not ready in {_READY_TIMEOUT_S} s")
             time.sleep(_POLL_S)
@@ -530,6 +532,16 @@ class Cluster:
         if self._child is not None:
             return self._child.poll() is None
         return self._pid is not None and _is_alive(self._pid)
+
+    def _access_hint(self) -> str:
+        if self.identity.way != "unprivileged-user":
+            return ""
+        user = pwd.getpwuid(self.identity.uid).pw_name
+        return (
+            f"\n(user namespaces are unavailable here, so the server runs as {user!r}, "
+            f"which must be able to reach {self.data_dir} and {self.binaries.bin_dir}: "
+            "choose a data directory and binaries outside a private home directory)"
+        )
 
     def _log_tail(self, lines: int = 20) -> str:
         try:

@@ -100,7 +100,7 @@ async def pending(conn: asyncpg.Connection, schema: str) -> list[Migration]:
     return [m for m in available() if m.version not in applied]
 
 
-def dry_run_sql(schema: str, migrations: list[Migration]) -> str:
+def dry_run_sql(schema: str, migrations: list[Migration], *, roles: bool = False) -> str:
     """The SQL `migrate` would run for these pending migrations, as one script."""
     parts = [f"-- bootstrap\n{sql_text.render(_BOOTSTRAP, schema).strip()}"]
     for m in migrations:
@@ -111,11 +111,17 @@ def dry_run_sql(schema: str, migrations: list[Migration]) -> str:
             f"VALUES ({m.version}, '{m.name}', '{m.checksum}');\nCOMMIT;"
         )
     parts.append(f"SELECT {schema}.partitions_ensure({PARTITION_DAYS_AHEAD});")
+    if roles:
+        parts.append(sql_text.render(sql_text.read("roles.sql"), schema).strip())
     return "\n\n".join(parts) + "\n"
 
 
-async def migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
-    """Apply every pending migration to `schema`; returns the versions applied."""
+async def migrate(conn: asyncpg.Connection, schema: str, *, roles: bool = False) -> list[int]:
+    """Apply every pending migration to `schema`; returns the versions applied.
+
+    With `roles`, also create the schema's least-privilege group roles (sql/roles.sql);
+    their grants are renewed by every migrate once they exist.
+    """
     key = lock_key(MIGRATE, schema)
     await conn.execute("SELECT pg_advisory_lock($1, $2)", *key)
     try:
@@ -139,6 +145,10 @@ async def migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
             sql_text.render("SELECT {{schema}}.partitions_ensure($1)", schema),
             PARTITION_DAYS_AHEAD,
         )
+        if roles or await conn.fetchval(
+            "SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = $1)", f"{schema}_producer"
+        ):
+            await conn.execute(sql_text.render(sql_text.read("roles.sql"), schema))
         return done
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1, $2)", *key)

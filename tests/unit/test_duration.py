@@ -139,7 +139,7 @@ def test_to_timedelta(value: str | float | timedelta, expected: timedelta) -> No
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), 1e30, "10", "soon"])
 def test_to_timedelta_rejects_bad_values(value: str | float) -> None:
-    with pytest.raises(ValueError, match="duration|seconds"):
+    with pytest.raises(ValueError, match=r"duration|seconds"):
         to_timedelta(value)
 
 

@@ -43,8 +43,12 @@ CREATE TABLE {{schema}}.job (
                                       AND lease_expires_at IS NOT NULL)),
     CONSTRAINT job_attempts_valid CHECK (attempt >= 0 AND max_attempts >= 1 AND crashes >= 0),
     CONSTRAINT job_args_is_object CHECK (jsonb_typeof(args) = 'object'),
-    CONSTRAINT job_queue_name_valid CHECK (queue ~ '^[A-Za-z0-9][A-Za-z0-9_.-]*$' AND length(queue) <= 64),
-    CONSTRAINT job_kind_name_valid CHECK (kind ~ '^[A-Za-z_][A-Za-z0-9_.:-]*$' AND length(kind) <= 128)
+    -- Name rules as in pgjobd/names.py; unbounded repetition plus length() because
+    -- PostgreSQL's regex engine is many times slower on a bounded {0,63}.
+    CONSTRAINT job_queue_name_valid
+        CHECK (queue ~ '^[A-Za-z0-9][A-Za-z0-9_.-]*$' AND length(queue) <= 64),
+    CONSTRAINT job_kind_name_valid
+        CHECK (kind ~ '^[A-Za-z_][A-Za-z0-9_.:-]*$' AND length(kind) <= 128)
 ) WITH (
     -- Every job is inserted, claimed (updated), possibly renewed and retried (updated),
     -- then deleted: the highest-churn table in the database. 30% free space per page
@@ -135,10 +139,12 @@ CREATE TABLE {{schema}}.job_history_default PARTITION OF {{schema}}.job_history 
 CREATE TABLE {{schema}}.job_attempt_default PARTITION OF {{schema}}.job_attempt DEFAULT;
 
 -- Creates the daily partitions of job_history and job_attempt from today (UTC) through
--- today + days_ahead; returns how many it created. Safe to call concurrently.
+-- today + days_ahead; returns how many it created. Safe to call concurrently. SECURITY
+-- DEFINER: creating a partition needs the owner's rights, the leader may not have them.
 CREATE FUNCTION {{schema}}.partitions_ensure(days_ahead integer)
 RETURNS integer
 LANGUAGE plpgsql
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE

@@ -1,0 +1,5 @@
+import sys
+
+from pgjobd.cli import main
+
+sys.exit(main())
