@@ -68,8 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--roles",
         action="store_true",
-        help="also create the least-privilege roles <schema>_producer, _readonly, _admin, "
-        "_worker",
+        help="also create the least-privilege roles <schema>_producer, _readonly, _admin, _worker",
     )
     p.set_defaults(command=_migrate)
 
@@ -214,4 +213,3 @@ def _parse_time(text: str) -> datetime:
 
 def _fail(message: str) -> None:
     print(f"pgjobd: {message}", file=sys.stderr)
-

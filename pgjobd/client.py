@@ -186,11 +186,7 @@ class Client:
         job = self._check(spec, position=None)
         _check_on_conflict(on_conflict)
         await self.check_schema()
-        params = (
-            job.kind, job.args_json, job.queue, job.priority, job.run_at, job.tenant,
-            job.unique_key, job.max_attempts, job.delay, on_conflict,
-        )  # fmt: skip
-        job_id: int = await self._run(conn, "fetchval", self._q["job_enqueue"], params)
+        (job_id,) = await self._insert_through_function([job], on_conflict, conn)
         return job_id
 
     async def enqueue_many(
@@ -319,7 +315,10 @@ class Client:
         declared = {
             kind: (queue, priority, attempts)
             for kind, queue, priority, attempts in zip(
-                prep["kinds"], prep["queues"], prep["priorities"], prep["max_attempts"],
+                prep["kinds"],
+                prep["queues"],
+                prep["priorities"],
+                prep["max_attempts"],
                 strict=True,
             )
         }
@@ -466,8 +465,7 @@ def _checked_options(spec: JobSpec, reject: Callable[[str], EnqueueError]) -> _C
     ):
         raise reject(f"run_at must be a timezone-aware datetime, got {spec.run_at!r}")
     if spec.unique_key is not None and (
-        not isinstance(spec.unique_key, str)
-        or len(spec.unique_key.encode()) > MAX_UNIQUE_KEY_BYTES
+        not isinstance(spec.unique_key, str) or len(spec.unique_key.encode()) > MAX_UNIQUE_KEY_BYTES
     ):
         raise reject(f"unique_key must be a str of at most {MAX_UNIQUE_KEY_BYTES} bytes")
     if spec.tenant is not None and not isinstance(spec.tenant, str):
@@ -489,4 +487,3 @@ def _kind_problem(kind: object) -> str:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -336,12 +337,16 @@ def apply_overrides(
 
 
 def _resolve_paths(config: Config, base: Path) -> Config:
+    def resolved(path: Path) -> Path:
+        # normpath folds "config/../handlers" lexically, without following symlinks.
+        return Path(os.path.normpath(base / path))
+
     daemon = msgspec.structs.replace(
-        config.daemon, handlers=tuple(base / path for path in config.daemon.handlers)
+        config.daemon, handlers=tuple(resolved(path) for path in config.daemon.handlers)
     )
     database = config.database
     if database.dsn_file is not None:
-        database = msgspec.structs.replace(database, dsn_file=base / database.dsn_file)
+        database = msgspec.structs.replace(database, dsn_file=resolved(database.dsn_file))
     return msgspec.structs.replace(config, daemon=daemon, database=database)
 
 

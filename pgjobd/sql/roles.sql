@@ -26,7 +26,7 @@ GRANT USAGE ON SCHEMA {{schema}}
 GRANT EXECUTE ON FUNCTION
     {{schema}}.enqueue(text, jsonb, text, integer, timestamptz, text, text, integer, interval, text),
     {{schema}}.enqueue_many(text[], jsonb[], text[], integer[], timestamptz[], interval[], text[],
-                            text[], integer[], text)
+                            text[], integer[], text, integer[])
     TO {{schema}}_producer, {{schema}}_admin, {{schema}}_worker;
 GRANT SELECT ON {{schema}}.migration, {{schema}}.kind TO {{schema}}_producer;
 GRANT INSERT ON {{schema}}.job TO {{schema}}_producer;

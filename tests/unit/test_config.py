@@ -85,7 +85,7 @@ def test_example_config_loads() -> None:
     config = load(REPO / "config" / "pgjobd.example.toml")
     assert config.dsn == "postgresql://pgjobd@127.0.0.1:5432/app"
     assert config.dsn_source == "database.dsn"
-    assert config.daemon.handlers == (REPO / "config" / "handlers",)
+    assert config.daemon.handlers == (REPO / "handlers",)
     assert set(config.queues) == {"default", "email"}
     assert config.queues["email"].concurrency == 50
     assert config.queues["email"].timeout == timedelta(seconds=30)
@@ -111,7 +111,7 @@ def test_example_config_documents_every_key() -> None:
 
 def test_dev_config_loads() -> None:
     config = load(REPO / "config" / "dev.toml")
-    assert config.daemon.handlers == (REPO / "config" / ".." / "handlers",)
+    assert config.daemon.handlers == (REPO / "handlers",)
     assert config.daemon.handlers[0].resolve() == REPO / "handlers"
     assert config.dsn is None
 

@@ -11,6 +11,11 @@
 -- either NULL or of that length (a NULL element means "not given"). Returns one row per
 -- input position: the job's id, and whether this call created it (false: a live job
 -- with the same unique_key already existed, and its id is returned instead).
+--
+-- The 64 KiB limit applies to the args' JSON text as the caller wrote it. A jsonb value
+-- has lost that text, so by default it is measured in PostgreSQL's text form (which
+-- adds a space after every ':' and ','); callers that hold the text, like pgjobd's own
+-- client, pass its size in args_sizes, measured by the server from the text it received.
 CREATE FUNCTION {{schema}}.enqueue_many(
     kinds         text[],
     args          jsonb[],
@@ -21,7 +26,8 @@ CREATE FUNCTION {{schema}}.enqueue_many(
     tenants       text[]        DEFAULT NULL,
     unique_keys   text[]        DEFAULT NULL,
     max_attempts  integer[]     DEFAULT NULL,
-    on_conflict   text          DEFAULT 'return'
+    on_conflict   text          DEFAULT 'return',
+    args_sizes    integer[]     DEFAULT NULL
 )
 RETURNS TABLE (ord integer, id bigint, created boolean)
 LANGUAGE plpgsql
@@ -48,7 +54,7 @@ BEGIN
        OR cardinality(queues) <> n OR cardinality(priorities) <> n
        OR cardinality(run_ats) <> n OR cardinality(delays) <> n
        OR cardinality(tenants) <> n OR cardinality(unique_keys) <> n
-       OR cardinality(max_attempts) <> n THEN
+       OR cardinality(max_attempts) <> n OR cardinality(args_sizes) <> n THEN
         RAISE EXCEPTION 'pgjobd: enqueue_many arrays differ in length (% kinds, % args)',
             n, coalesce(cardinality(args), 0) USING ERRCODE = 'PJ004';
     END IF;
@@ -62,7 +68,7 @@ BEGIN
             WHEN u.kind IS NULL OR length(u.kind) > 128
                  OR u.kind !~ '^[A-Za-z_][A-Za-z0-9_.:-]*$' THEN 'kind'
             WHEN u.args IS NULL OR jsonb_typeof(u.args) <> 'object' THEN 'args_type'
-            WHEN octet_length(u.args::text) > 65536 THEN 'args_size'
+            WHEN coalesce(u.args_size, octet_length(u.args::text)) > 65536 THEN 'args_size'
             WHEN length(u.queue) > 64 OR u.queue !~ '^[A-Za-z0-9][A-Za-z0-9_.-]*$' THEN 'queue'
             WHEN u.priority NOT BETWEEN -32768 AND 32767 THEN 'priority'
             WHEN u.delay < interval '0' THEN 'delay'
@@ -71,9 +77,9 @@ BEGIN
             WHEN octet_length(u.unique_key) > 512 THEN 'unique_key'
             END AS failed
         FROM unnest(kinds, args, queues, priorities, run_ats, delays, unique_keys,
-                    max_attempts)
+                    max_attempts, args_sizes)
              WITH ORDINALITY AS u(kind, args, queue, priority, run_at, delay, unique_key,
-                                  max_attempts, ord)
+                                  max_attempts, args_size, ord)
     ) AS checked
     WHERE checked.failed IS NOT NULL
     ORDER BY checked.ord
@@ -88,7 +94,7 @@ BEGIN
             WHEN 'args_type' THEN format('args must be a JSON object, not %s',
                 coalesce(jsonb_typeof(problem.args), 'NULL'))
             WHEN 'args_size' THEN format('args JSON text is %s bytes, over the 65536-byte '
-                'limit', octet_length(problem.args::text))
+                'limit', coalesce(problem.args_size, octet_length(problem.args::text)))
             WHEN 'queue' THEN format('invalid queue name %s: expected 1-64 characters of '
                 'letters, digits, ''_'', ''.'' and ''-'', starting with a letter or digit',
                 quote_literal(problem.queue))
@@ -179,7 +185,8 @@ BEGIN
                     ARRAY(SELECT tenants[p] FROM unnest(orphaned) AS p),
                     ARRAY(SELECT unique_keys[p] FROM unnest(orphaned) AS p),
                     ARRAY(SELECT enqueue_many.max_attempts[p] FROM unnest(orphaned) AS p),
-                    on_conflict) AS r
+                    on_conflict,
+                    ARRAY(SELECT args_sizes[p] FROM unnest(orphaned) AS p)) AS r
             LOOP
                 new_ids[again.pos] := again.id;
                 was_created[again.pos] := again.created;
@@ -221,7 +228,7 @@ AS $$
 $$;
 
 REVOKE ALL ON FUNCTION {{schema}}.enqueue_many(text[], jsonb[], text[], integer[],
-    timestamptz[], interval[], text[], text[], integer[], text) FROM PUBLIC;
+    timestamptz[], interval[], text[], text[], integer[], text, integer[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {{schema}}.enqueue(text, jsonb, text, integer, timestamptz, text,
     text, integer, interval, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {{schema}}.partitions_ensure(integer) FROM PUBLIC;

@@ -1,0 +1,340 @@
+"""Enqueue throughput of pgjobd beside raw-PostgreSQL baselines, in one run, one database.
+
+Creates schema ``bench_enqueue`` (migrated fresh), two copies of its hot table (``job_bare``:
+columns, defaults and identity only; ``job_indexed``: ``INCLUDING ALL`` plus the hot table's
+storage options), runs every measurement once per repetition in a fixed interleaved order
+(each on freshly truncated tables), and drops the schema at the end. Not a test.
+
+    /work/venv/bin/python bench/enqueue.py --reps 5 [--dsn DSN] [--json out.json] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import hashlib
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+from pgjobd import client as client_module
+from pgjobd.client import Client, JobSpec
+from pgjobd.migrate import available, migrate
+
+SCHEMA = "bench_enqueue"
+DEFAULT_DSN = "postgresql://root@127.0.0.1:5432/test"
+TABLES = ("job", "job_bare", "job_indexed")
+RAW_COLUMNS = ("state", "queue", "kind", "priority", "run_at", "args", "max_attempts")
+RAW_UNNEST = f"""
+INSERT INTO {SCHEMA}.{{table}} (state, queue, kind, priority, run_at, args, max_attempts,
+                                unique_key)
+SELECT 'available', u.q, u.k, u.p, u.r, u.a::jsonb, u.m, u.uk
+FROM unnest($1::text[], $2::text[], $3::smallint[], $4::timestamptz[], $5::text[], $6::int[],
+            $7::text[]) AS u(q, k, p, r, a, m, uk)"""
+RAW_ONE = (f"INSERT INTO {SCHEMA}.job_indexed ({', '.join(RAW_COLUMNS)}) "
+           "VALUES ('available', 'default', 'noop', 0, now(), $1::jsonb, 20)")  # fmt: skip
+SQL_EACH = (f"SELECT count({SCHEMA}.enqueue('noop', jsonb_build_object('i', g))) "
+            "FROM generate_series(1, $1::int) AS g")  # fmt: skip
+# (pgjobd measurement, its raw baseline, minimum ratio to print as a target or None)
+RATIOS: list[tuple[str, str, float | None]] = [
+    ("enqueue_1tx", "raw_insert_1tx", None),
+    ("many_copy", "raw_copy_bare", 0.5),
+    ("many_copy", "raw_copy_indexed", 0.5),
+    ("many_function", "raw_insert_bare", None),
+    ("many_function", "raw_insert_indexed", None),
+    ("sql_each", "raw_insert_bare", None),
+]
+SEED_JOBS_S = 10_000
+MANY_JOBS_S = 100_000
+
+
+class CountingConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg is untyped
+    """Records the client statements (round trips once prepared) it sends."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[str] = []
+
+    def _note(self, query: str) -> None:
+        code = [line for line in query.splitlines() if not line.lstrip().startswith("--")]
+        self.sent.append(" ".join(" ".join(code).split())[:48])
+
+    async def execute(self, query: str, *args: Any, **kw: Any) -> Any:
+        self._note(query)
+        return await super().execute(query, *args, **kw)
+
+    async def fetch(self, query: str, *args: Any, **kw: Any) -> Any:
+        self._note(query)
+        return await super().fetch(query, *args, **kw)
+
+    async def fetchval(self, query: str, *args: Any, **kw: Any) -> Any:
+        self._note(query)
+        return await super().fetchval(query, *args, **kw)
+
+    async def fetchrow(self, query: str, *args: Any, **kw: Any) -> Any:
+        self._note(query)
+        return await super().fetchrow(query, *args, **kw)
+
+    async def copy_records_to_table(self, table_name: str, **kw: Any) -> Any:
+        self._note(f"COPY {table_name}")
+        return await super().copy_records_to_table(table_name, **kw)
+
+
+@dataclass
+class Measure:
+    key: str
+    label: str
+    table: str  # where the rows land: checked to hold `jobs` rows afterwards
+    jobs: int
+    run: Callable[[], Awaitable[object]] = field(repr=False)
+    pgjobd: bool = False
+    seconds: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)  # this process's CPU in the run
+    wal_bytes: list[int] = field(default_factory=list)
+    statements: list[str] = field(default_factory=list)
+
+    @property
+    def rates(self) -> list[float]:
+        return [self.jobs / s for s in self.seconds]
+
+
+def build(client: Client, raw: CountingConnection, n: int, single_n: int) -> list[Measure]:
+    """The measurements in run order, each with its input prepared (untimed)."""
+    now = datetime.now(UTC)
+    payloads = [json.dumps({"i": i}) for i in range(1, n + 1)]
+    tuples = [("noop", {"i": i}) for i in range(1, n + 1)]
+    specs = [JobSpec("noop", {"i": i}, unique_key=f"k{i}") for i in range(1, n + 1)]
+    records = [("available", "default", "noop", 0, now, p, 20) for p in payloads]
+    arrays = (["default"] * n, ["noop"] * n, [0] * n, [now] * n, payloads, [20] * n,
+              [f"k{i}" for i in range(1, n + 1)])  # fmt: skip
+
+    async def enqueue_each() -> None:
+        for i in range(1, single_n + 1):
+            await client.enqueue("noop", {"i": i})
+
+    async def enqueue_each_one_txn() -> None:
+        async with client.pool.acquire() as conn, conn.transaction():
+            for i in range(1, single_n + 1):
+                await client.enqueue("noop", {"i": i}, conn=conn)
+
+    async def raw_each() -> None:
+        for p in payloads[:single_n]:
+            await raw.execute(RAW_ONE, p)
+
+    def copy(table: str) -> Callable[[], Awaitable[object]]:
+        return lambda: raw.copy_records_to_table(
+            table, schema_name=SCHEMA, columns=RAW_COLUMNS, records=records
+        )
+
+    def insert(table: str) -> Callable[[], Awaitable[object]]:
+        return lambda: raw.execute(RAW_UNNEST.format(table=table), *arrays)
+
+    return [
+        Measure("enqueue_1tx", "pgjobd enqueue, 1 job/txn", "job", single_n, enqueue_each,
+                pgjobd=True),
+        Measure("raw_insert_1tx", "raw INSERT 1 row/txn, indexed copy", "job_indexed",
+                single_n, raw_each),
+        Measure("enqueue_loop", "pgjobd enqueue ×N in 1 txn (conn=)", "job", single_n,
+                enqueue_each_one_txn, pgjobd=True),
+        Measure("many_copy", "pgjobd enqueue_many, COPY path", "job", n,
+                lambda: client.enqueue_many(tuples), pgjobd=True),
+        Measure("raw_copy_bare", "raw COPY, unindexed copy", "job_bare", n, copy("job_bare")),
+        Measure("raw_copy_indexed", "raw COPY, indexed copy", "job_indexed", n,
+                copy("job_indexed")),
+        Measure("many_function", "pgjobd enqueue_many, unique keys (SQL fn)", "job", n,
+                lambda: client.enqueue_many(specs), pgjobd=True),
+        Measure("raw_insert_bare", "raw INSERT…unnest, unindexed copy", "job_bare", n,
+                insert("job_bare")),
+        Measure("raw_insert_indexed", "raw INSERT…unnest, indexed copy", "job_indexed", n,
+                insert("job_indexed")),
+        Measure("sql_each", f"SQL {SCHEMA}.enqueue() ×N, 1 statement", "job", n,
+                lambda: raw.fetchval(SQL_EACH, n), pgjobd=True),
+    ]  # fmt: skip
+
+
+async def timed(admin: asyncpg.Connection, conns: list[CountingConnection], m: Measure) -> None:
+    tables = ", ".join(f"{SCHEMA}.{t}" for t in TABLES)
+    await admin.execute(f"TRUNCATE {tables}")
+    for conn in conns:
+        conn.sent.clear()
+    lsn = await admin.fetchval("SELECT pg_current_wal_insert_lsn()")
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    await m.run()
+    m.seconds.append(time.perf_counter() - t0)
+    m.cpu_seconds.append(time.process_time() - cpu0)
+    wal = await admin.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1)", lsn)
+    m.wal_bytes.append(int(wal))
+    m.statements = [q for conn in conns for q in conn.sent]
+    count = await admin.fetchval(f"SELECT count(*) FROM {SCHEMA}.{m.table}")
+    if count != m.jobs:
+        raise RuntimeError(f"{m.key}: expected {m.jobs} rows in {m.table}, found {count}")
+
+
+def spread(values: list[float], fmt: str = ",.0f") -> str:
+    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}–{max(values):{fmt}})"
+
+
+def report(measures: list[Measure], noise: list[tuple[int, float]]) -> dict[str, Any]:
+    by_key = {m.key: m for m in measures}
+    ratios: dict[str, list[float]] = {}
+    for mine, base, _ in RATIOS:  # paired per repetition, so shared noise cancels
+        ratios[f"{mine}/{base}"] = [
+            b / a for a, b in zip(by_key[mine].seconds, by_key[base].seconds, strict=True)
+        ]
+    head = (f"{'measurement':<42} {'N':>6} {'jobs/s median (min–max)':>27} {'WAL B/job':>9} "
+            f"{'stmts':>5} {'py CPU':>6}  ")  # fmt: skip
+    print(f"\n{head}ratio to raw baseline (paired per rep), median (min–max)")
+    for m in measures:
+        lines = [f"{spread(ratios[f'{m.key}/{b}'], '.2f')} of {by_key[b].label}"
+                 + (f" [target ≥ {t}: {met(ratios[f'{m.key}/{b}'], t)}]" if t else "")
+                 for k, b, t in RATIOS if k == m.key]  # fmt: skip
+        wal = statistics.median(m.wal_bytes) / m.jobs
+        cpu = statistics.median(c / w for c, w in zip(m.cpu_seconds, m.seconds, strict=True))
+        print(
+            f"{m.label:<42} {m.jobs:>6} {spread(m.rates):>27} {wal:>9.0f} "
+            f"{len(m.statements):>5} {cpu:>6.0%}  " + (lines[0] if lines else "")
+        )
+        for line in lines[1:]:
+            print(" " * len(head) + line)
+    copy_rate = by_key["many_copy"].rates
+    print(
+        f"\ntargets: enqueue_many (COPY path) ≥ {MANY_JOBS_S:,} jobs/s: "
+        f"{met(copy_rate, MANY_JOBS_S)} (median {statistics.median(copy_rate):,.0f}); "
+        f"seed {SEED_JOBS_S:,} enqueues/s: "
+        + "; ".join(f"{m.key} {met(m.rates, SEED_JOBS_S)}" for m in measures if m.pgjobd)
+    )
+    for key in ("enqueue_1tx", "many_copy", "many_function"):
+        print(
+            f"statements, {key}: {len(by_key[key].statements)} per run; distinct: "
+            + " | ".join(dict.fromkeys(by_key[key].statements))
+        )
+    print(
+        f"noise: other active client backends per rep {[a for a, _ in noise]}, "
+        f"1-min load average per rep {[round(load, 2) for _, load in noise]}"
+    )
+    return {"ratios": ratios}
+
+
+def met(values: list[float], target: float) -> str:
+    return "met" if statistics.median(values) >= target else "missed"
+
+
+async def profile_copy(client: Client, n: int) -> None:
+    """One enqueue_many COPY-path call under cProfile: where the Python side spends time."""
+    tuples = [("noop", {"i": i}) for i in range(1, n + 1)]
+    profiler = cProfile.Profile()
+    t0 = time.perf_counter()
+    profiler.enable()
+    await client.enqueue_many(tuples)
+    profiler.disable()
+    print(f"\ncProfile of one enqueue_many({n:,}) COPY-path call, wall "
+          f"{time.perf_counter() - t0:.3f} s (profiled, so slower):")  # fmt: skip
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    admin = await asyncpg.connect(args.dsn)
+    await admin.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    try:
+        await migrate(admin, SCHEMA)
+        options = await admin.fetchval(f"SELECT reloptions FROM pg_class "
+                                       f"WHERE oid = '{SCHEMA}.job'::regclass")  # fmt: skip
+        await admin.execute(f"""
+            CREATE TABLE {SCHEMA}.job_bare (LIKE {SCHEMA}.job INCLUDING DEFAULTS
+                                            INCLUDING IDENTITY);
+            CREATE TABLE {SCHEMA}.job_indexed (LIKE {SCHEMA}.job INCLUDING ALL)
+                WITH ({", ".join(options or ["fillfactor=100"])});""")
+        pooled: list[CountingConnection] = []  # the pool's one connection, unproxied
+
+        async def keep(conn: CountingConnection) -> None:
+            pooled.append(conn)
+
+        pool = await asyncpg.create_pool(args.dsn, min_size=1, max_size=1, init=keep,
+                                         connection_class=CountingConnection)  # fmt: skip
+        raw: CountingConnection = await asyncpg.connect(
+            args.dsn, connection_class=CountingConnection
+        )
+        client = Client(pool, schema=SCHEMA)
+        try:
+            conns = [*pooled, raw]
+            for m in build(client, raw, 200, 20):  # warm-up: prepare, load types
+                await timed(admin, conns, m)
+            measures = build(client, raw, args.n, args.single_n)
+            noise: list[tuple[int, float]] = []
+            for rep in range(1, args.reps + 1):
+                noise.append((await admin.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = "
+                    "'client backend' AND state <> 'idle' AND pid <> pg_backend_pid()"),
+                    os.getloadavg()[0]))  # fmt: skip
+                for m in measures:
+                    await timed(admin, conns, m)
+                print(f"rep {rep}: " + ", ".join(f"{m.key} {m.rates[-1]:,.0f}" for m in measures),
+                      flush=True)  # fmt: skip
+            extra = report(measures, noise)
+            if args.profile:
+                await admin.execute(f"TRUNCATE {SCHEMA}.job")
+                await profile_copy(client, args.n)
+        finally:
+            await raw.close()
+            await pool.close()
+        figures = {m.key: {k: v for k, v in asdict(m).items() if k != "run"} for m in measures}
+        return {"n": args.n, "single_n": args.single_n, "reps": args.reps,
+                "server": admin.get_server_version()._asdict(), "noise": noise,
+                "measurements": figures, **extra}  # fmt: skip
+    finally:
+        await admin.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        await admin.close()
+
+
+def code_state() -> dict[str, str]:
+    """Which pgjobd was measured: the tree may hold uncommitted changes."""
+
+    def git(*args: str) -> str:
+        where = os.path.dirname(os.path.abspath(__file__))
+        run = subprocess.run(["git", "-C", where, *args], check=False, capture_output=True)
+        return run.stdout.decode().strip()
+
+    with open(client_module.__file__, "rb") as f:
+        client_sha = hashlib.sha256(f.read()).hexdigest()[:12]
+    dirty = git("status", "--porcelain", "--", "../pgjobd").splitlines()
+    return {"head": git("rev-parse", "--short", "HEAD"), "dirty_files": str(len(dirty)),
+            "client_py_sha256": client_sha,
+            "migrations": " ".join(f"{m.version}:{m.checksum}" for m in available())}  # fmt: skip
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dsn", default=os.environ.get("PGJOBD_DSN", DEFAULT_DSN))
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--n", type=int, default=20_000, help="jobs per bulk measurement")
+    parser.add_argument("--single-n", type=int, default=2_000, help="jobs, 1-job measurements")
+    parser.add_argument("--json", help="write the raw figures to this file")
+    parser.add_argument("--profile", action="store_true", help="cProfile one enqueue_many")
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    code = code_state()
+    print("pgjobd code: " + ", ".join(f"{k} {v}" for k, v in code.items()), flush=True)
+    loop_factory = None
+    if arguments.loop == "uvloop":
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        results = runner.run(main(arguments)) | {"code": code}
+    if arguments.json:
+        with open(arguments.json, "w") as out:
+            json.dump(results, out, indent=1)

@@ -1,0 +1,210 @@
+"""Migrations on a real server: idempotence, concurrency, refusal of newer schemas, and
+the independence of two schemas in one database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+
+import anyio
+import asyncpg
+import pytest
+
+from pgjobd import Client, migrate
+from pgjobd.errors import SchemaError
+from pgjobd.lock_keys import LEADER, MIGRATE, lock_key
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def scratch_schema(conn: asyncpg.Connection) -> AsyncIterator[str]:
+    """A schema name that does not exist yet; dropped after the test."""
+    name = f"m_{uuid.uuid4().hex[:12]}"
+    yield name
+    await conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+async def test_migrate_applies_every_version_once(
+    conn: asyncpg.Connection, scratch_schema: str
+) -> None:
+    first = await migrate.migrate(conn, scratch_schema)
+    second = await migrate.migrate(conn, scratch_schema)
+
+    assert first == [m.version for m in migrate.available()]
+    assert second == []
+    rows = await conn.fetch(f"SELECT version FROM {scratch_schema}.migration ORDER BY 1")
+    assert [r["version"] for r in rows] == first
+    assert await migrate.check_schema(conn, scratch_schema) == migrate.code_version()
+
+
+async def test_migrate_creates_today_and_the_next_days_partitions(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    expected_days = await conn.fetch(
+        "SELECT to_char(d, 'YYYYMMDD') AS day FROM generate_series("
+        "(now() AT TIME ZONE 'UTC')::date, (now() AT TIME ZONE 'UTC')::date + $1::int, "
+        "interval '1 day') AS d",
+        migrate.PARTITION_DAYS_AHEAD,
+    )
+    for parent in ("job_history", "job_attempt"):
+        partitions = await conn.fetch(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = $1::regclass",
+            f"{schema}.{parent}",
+        )
+        names = {r["relname"] for r in partitions}
+        for row in expected_days:
+            assert f"{parent}_p{row['day']}" in names
+        assert f"{parent}_default" in names
+
+
+async def _pgjobd_migrate(dsn: str, schema: str, *extra: str) -> subprocess.CompletedProcess[bytes]:
+    """`pgjobd migrate` as a real process, with no DSN in its environment but --dsn."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PGJOBD_DSN", "DATABASE_URL")}
+    command = [sys.executable, "-m", "pgjobd", "migrate", "--dsn", dsn, "--schema", schema]
+    return await anyio.run_process([*command, *extra], env=env, check=False)
+
+
+async def test_three_processes_migrating_at_once_leave_one_schema(
+    dsn: str, conn: asyncpg.Connection, scratch_schema: str
+) -> None:
+    results: list[subprocess.CompletedProcess[bytes]] = []
+
+    async def run_one() -> None:
+        results.append(await _pgjobd_migrate(dsn, scratch_schema))
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(run_one)
+
+    outputs = [(r.stdout.decode(), r.stderr.decode()) for r in results]
+    assert [r.returncode for r in results] == [0, 0, 0], outputs
+    applied = [out for out, _ in outputs if "applied" in out]
+    assert len(applied) == 1, outputs  # exactly one of them did the work
+    rows = await conn.fetch(f"SELECT version FROM {scratch_schema}.migration ORDER BY 1")
+    assert [r["version"] for r in rows] == [m.version for m in migrate.available()]
+
+
+async def test_dry_run_prints_the_sql_and_changes_nothing(
+    dsn: str, conn: asyncpg.Connection, scratch_schema: str
+) -> None:
+    result = await _pgjobd_migrate(dsn, scratch_schema, "--dry-run")
+
+    assert result.returncode == 0, result.stderr
+    script = result.stdout.decode()
+    assert f"CREATE TABLE {scratch_schema}.job (" in script
+    assert f"CREATE FUNCTION {scratch_schema}.enqueue(" in script
+    assert "{{schema}}" not in script
+    exists = await conn.fetchval(
+        "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)", scratch_schema
+    )
+    assert not exists
+
+
+async def test_a_schema_newer_than_the_code_is_refused_by_migrate_and_client(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    newer = migrate.code_version() + 7
+    await conn.execute(
+        f"INSERT INTO {schema}.migration (version, name, checksum) VALUES ($1, 'future', 'x')",
+        newer,
+    )
+
+    with pytest.raises(SchemaError) as refused:
+        await migrate.check_schema(conn, schema)
+    message = str(refused.value)
+    assert f"version {newer}" in message and f"up to {migrate.code_version()}" in message
+
+    with pytest.raises(SchemaError):
+        await Client.connect(dsn, schema=schema)
+
+    result = await _pgjobd_migrate(dsn, schema)
+    assert result.returncode == 1
+    assert f"version {newer}" in result.stderr.decode()
+
+
+async def test_a_missing_schema_is_reported_with_what_to_run(
+    conn: asyncpg.Connection, scratch_schema: str
+) -> None:
+    with pytest.raises(SchemaError, match=r"does not exist.*pgjobd migrate"):
+        await migrate.check_schema(conn, scratch_schema)
+
+
+async def test_an_applied_migration_that_changed_is_refused(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    await conn.execute(f"UPDATE {schema}.migration SET checksum = 'edited' WHERE version = 1")
+
+    with pytest.raises(SchemaError, match="changed after it was applied"):
+        await migrate.migrate(conn, schema)
+
+
+async def test_hot_table_has_the_partial_claim_index_and_storage_parameters(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    claim_index = await conn.fetchval(
+        "SELECT pg_get_indexdef(i.indexrelid) FROM pg_index i WHERE i.indexrelid = $1::regclass",
+        f"{schema}.job_claim_idx",
+    )
+    assert "(queue, priority, run_at, id)" in claim_index
+    assert "WHERE (state = 'available'" in claim_index
+
+    options = await conn.fetchval(
+        "SELECT reloptions FROM pg_class WHERE oid = $1::regclass", f"{schema}.job"
+    )
+    assert "fillfactor=70" in options
+    assert "autovacuum_vacuum_scale_factor=0.0" in options
+
+
+async def test_future_jobs_stay_out_of_the_claim_index(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    await conn.execute(
+        f"SELECT {schema}.enqueue('later', '{{}}', delay => interval '1 hour') "
+        "FROM generate_series(1, 50)"
+    )
+    await conn.execute(f"SELECT {schema}.enqueue('now', '{{}}') FROM generate_series(1, 3)")
+    await conn.execute(f"VACUUM ANALYZE {schema}.job")
+
+    indexed = await conn.fetchval(
+        f"SELECT count(*) FROM (SELECT id FROM {schema}.job WHERE state = 'available' "
+        "AND queue = 'default' ORDER BY priority, run_at, id) AS claimable"
+    )
+    entries = await conn.fetchval(
+        "SELECT reltuples FROM pg_class WHERE oid = $1::regclass", f"{schema}.job_claim_idx"
+    )
+    assert indexed == 3
+    assert entries == 3
+
+
+async def test_two_schemas_in_one_database_are_independent(
+    dsn: str, conn: asyncpg.Connection, scratch_schema: str, schema: str
+) -> None:
+    other = scratch_schema
+    await migrate.migrate(conn, other)
+    assert lock_key(MIGRATE, schema) != lock_key(MIGRATE, other)
+    assert lock_key(LEADER, schema) != lock_key(LEADER, other)
+
+    heard: list[tuple[str, str]] = []
+    listener = await asyncpg.connect(dsn)
+    try:
+        for name in (schema, other):
+            channel = f"{name}.job_ready"
+            await listener.add_listener(
+                channel, lambda _c, _pid, ch, payload: heard.append((ch, payload))
+            )
+        await conn.execute(f"SELECT {schema}.enqueue('only_here', '{{}}', queue => 'mine')")
+        await listener.execute("SELECT 1")  # notifications arrive before this answer
+    finally:
+        await listener.close()
+
+    assert heard == [(f"{schema}.job_ready", "mine")]
+    assert await conn.fetchval(f"SELECT count(*) FROM {schema}.job") == 1
+    assert await conn.fetchval(f"SELECT count(*) FROM {other}.job") == 0
+    await conn.execute(f"DROP SCHEMA {other} CASCADE")
+    assert await migrate.check_schema(conn, schema) == migrate.code_version()
