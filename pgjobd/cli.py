@@ -90,8 +90,8 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(command=_enqueue)
 
     p = sub.add_parser("dev", help="a private PostgreSQL, the schema and example jobs")
-    p.add_argument("dev_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    p.set_defaults(command=_dev)
+    dev.add_arguments(p)
+    p.set_defaults(command=dev.run)
     return parser
 
 
@@ -197,10 +197,6 @@ def _enqueue(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return _run(run)
-
-
-def _dev(args: argparse.Namespace) -> int:
-    return dev.main(args.dev_args)
 
 
 def _parse_time(text: str) -> datetime:

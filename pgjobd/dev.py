@@ -33,11 +33,8 @@ SELECT pgjobd.enqueue('hello', '{"name": "world"}'::jsonb, unique_key => 'dev-ex
 """
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="pgjobd dev",
-        description="Run a private PostgreSQL with the pgjobd schema for development.",
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `pgjobd dev`, for its own parser and for the CLI's subcommand."""
     parser.add_argument(
         "--data-dir",
         type=Path,
@@ -51,6 +48,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--reset", action="store_true", help="delete the data directory and start afresh"
     )
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="pgjobd dev",
+        description="Run a private PostgreSQL with the pgjobd schema for development.",
+    )
+    add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -63,7 +68,11 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
+    return run(_parse(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """`pgjobd dev` with parsed options (see add_arguments)."""
     previous_sigint = signal.signal(signal.SIGINT, _interrupt)
     previous_sigterm = signal.signal(signal.SIGTERM, _interrupt)
     try:
