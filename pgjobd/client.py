@@ -186,7 +186,11 @@ class Client:
         job = self._check(spec, position=None)
         _check_on_conflict(on_conflict)
         await self.check_schema()
-        (job_id,) = await self._insert_through_function([job], on_conflict, conn)
+        params = (
+            job.kind, job.args_json, job.queue, job.priority, job.run_at, job.tenant,
+            job.unique_key, job.max_attempts, job.delay, on_conflict,
+        )  # fmt: skip
+        job_id: int = await self._run(conn, "fetchval", self._q["job_enqueue"], params)
         return job_id
 
     async def enqueue_many(
@@ -225,9 +229,11 @@ class Client:
                 kind, args = item
                 if not isinstance(kind, str) or kind_name_problem(kind):
                     raise EnqueueError(f"job {position}: {_kind_problem(kind)}")
-                spec = JobSpec(kind, {} if args is None else args)
-                args_json = self._encode_args(spec, _rejecter(position))
-                checked.append(shared._replace(kind=kind, args_json=args_json))
+                args_json = self._encode_args(kind, {} if args is None else args, position)
+                checked.append(
+                    _Checked(kind, args_json, shared.queue, shared.priority, shared.delay,
+                             shared.run_at, shared.tenant, shared.unique_key, shared.max_attempts)
+                )  # fmt: skip
             else:
                 spec = _with_defaults(_as_spec(item, position), defaults)
                 checked.append(self._check(spec, position))
@@ -259,26 +265,29 @@ class Client:
         reject = _rejecter(position)
         if not isinstance(spec.kind, str) or kind_name_problem(spec.kind):
             raise reject(_kind_problem(spec.kind))
-        args_json = self._encode_args(spec, reject)
+        args_json = self._encode_args(spec.kind, spec.args, position)
         return _checked_options(spec, reject)._replace(kind=spec.kind, args_json=args_json)
 
-    def _encode_args(self, spec: JobSpec, reject: Callable[[str], EnqueueError]) -> str:
+    def _encode_args(self, kind: str, args: Any, position: int | None) -> str:
+        """The args as compact JSON text, checked (and against the handler's type)."""
         try:
-            encoded = _json_encoder.encode(spec.args)
+            encoded = _json_encoder.encode(args)
         except (TypeError, ValueError) as e:
-            raise reject(f"args are not JSON-encodable: {e}") from None
-        if not encoded.startswith(b"{"):
-            kind_of = type(spec.args).__name__
-            raise reject(f"args must be a JSON object, not {kind_of} ({encoded[:40]!r})")
-        if len(encoded) > MAX_ARGS_BYTES:
+            raise _rejecter(position)(f"args are not JSON-encodable: {e}") from None
+        if not encoded.startswith(b"{") or len(encoded) > MAX_ARGS_BYTES:
+            reject = _rejecter(position)
+            if not encoded.startswith(b"{"):
+                kind_of = type(args).__name__
+                raise reject(f"args must be a JSON object, not {kind_of} ({encoded[:40]!r})")
             raise reject(
                 f"args JSON text is {len(encoded)} bytes, over the {MAX_ARGS_BYTES}-byte limit"
             )
         if self.handlers is not None:
-            handler = self.handlers.get(spec.kind)
+            reject = _rejecter(position)
+            handler = self.handlers.get(kind)
             if handler is None:
                 known = ", ".join(self.handlers.kinds()) or "none"
-                raise reject(f"unknown kind {spec.kind!r}: the handlers given know {known}")
+                raise reject(f"unknown kind {kind!r}: the handlers given know {known}")
             try:
                 validate_args(handler, msgspec.json.decode(encoded))
             except ArgsError as e:

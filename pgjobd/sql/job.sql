@@ -1,5 +1,13 @@
 -- Queries on jobs, for the client. "{{schema}}" is the configured schema.
 
+-- name: job_enqueue
+-- One job through the SQL function; the args travel as JSON text, so the size limit
+-- applies to exactly what was sent.
+-- $1 kind, $2 args (JSON text), $3 queue, $4 priority, $5 run_at, $6 tenant,
+-- $7 unique_key, $8 max_attempts, $9 delay, $10 on_conflict
+SELECT {{schema}}.enqueue($1, $2::text::jsonb, $3, $4, $5, $6, $7, $8, $9, $10,
+                          octet_length($2::text));
+
 -- name: job_enqueue_many
 -- The args travel as JSON text, so the size limit applies to exactly what was sent.
 -- $1 kinds, $2 args (JSON texts), $3 queues, $4 priorities, $5 run_ats, $6 delays,

@@ -24,7 +24,8 @@ GRANT USAGE ON SCHEMA {{schema}}
     TO {{schema}}_producer, {{schema}}_readonly, {{schema}}_admin, {{schema}}_worker;
 
 GRANT EXECUTE ON FUNCTION
-    {{schema}}.enqueue(text, jsonb, text, integer, timestamptz, text, text, integer, interval, text),
+    {{schema}}.enqueue(text, jsonb, text, integer, timestamptz, text, text, integer, interval, text,
+                       integer),
     {{schema}}.enqueue_many(text[], jsonb[], text[], integer[], timestamptz[], interval[], text[],
                             text[], integer[], text, integer[])
     TO {{schema}}_producer, {{schema}}_admin, {{schema}}_worker;
