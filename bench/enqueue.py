@@ -28,7 +28,7 @@ from typing import Any
 import asyncpg
 
 from pgjobd import client as client_module
-from pgjobd.client import Client, JobSpec
+from pgjobd.client import Client, JobSpec, skip_session_reset
 from pgjobd.migrate import available, migrate
 
 SCHEMA = "bench_enqueue"
@@ -259,7 +259,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         async def keep(conn: CountingConnection) -> None:
             pooled.append(conn)
 
+        # The pool as Client.connect makes it (no reset query on release).
         pool = await asyncpg.create_pool(args.dsn, min_size=1, max_size=1, init=keep,
+                                         reset=skip_session_reset,
                                          connection_class=CountingConnection)  # fmt: skip
         raw: CountingConnection = await asyncpg.connect(
             args.dsn, connection_class=CountingConnection

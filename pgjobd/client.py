@@ -127,7 +127,9 @@ class Client:
         min_size: int = 1,
         max_size: int = 10,
     ) -> Client:
-        pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size)
+        pool = await asyncpg.create_pool(
+            dsn, min_size=min_size, max_size=max_size, reset=skip_session_reset
+        )
         client = cls(pool, schema=schema, handlers=handlers)
         client._owns_pool = True
         try:
@@ -409,6 +411,16 @@ class SyncClient:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+async def skip_session_reset(conn: asyncpg.Connection) -> None:
+    """A `reset` for ``asyncpg.create_pool`` that skips the reset query on release.
+
+    asyncpg's default runs UNLISTEN, RESET ALL and unlocks advisory locks each time a
+    connection goes back to the pool: a round trip per enqueue. The client's own pool
+    never leaves such session state behind, so it skips it; an application pool that
+    doesn't either may do the same. An open transaction is still rolled back.
+    """
 
 
 def _translated(error: asyncpg.PostgresError) -> Exception:
