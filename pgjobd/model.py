@@ -1,0 +1,65 @@
+"""The values that flow between the daemon's parts: claimed jobs, outcomes, kinds."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+import msgspec
+
+# What became of one run of a job, as the worker (or the supervisor, for a worker that
+# died or hung) reports it:
+#   completed     the handler returned
+#   failed        the handler raised; retried with backoff until attempts are spent
+#   retry         the handler raised Retry(after=...): retried then, attempt counted
+#   snoozed       the handler raised Snooze(...): back later, attempt not counted
+#   discarded     Discard(...) or an exception listed in discard_on: dead at once
+#   invalid_args  the args do not convert to the handler's args type: dead at once
+#   unknown_kind  no handler for the kind on this member: retried (another member, or
+#                 a later deploy, may know it) until attempts are spent
+#   crashed       the worker process died or was killed holding the job
+#   given_back    never run to an end (drain): available again, attempt not charged
+OutcomeKind = Literal[
+    "completed", "failed", "retry", "snoozed", "discarded", "invalid_args", "unknown_kind",
+    "crashed", "given_back",
+]  # fmt: skip
+
+
+class ClaimedJob(msgspec.Struct, frozen=True):
+    """A job this member holds, as the claim statement returned it."""
+
+    id: int
+    fence: int
+    kind: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    crashes: int
+    priority: int
+    tenant: str | None
+    enqueued_at: datetime
+    scheduled_at: datetime  # run_at: when the job was due
+    args: bytes  # the JSON text, decoded only in the worker process
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    """The end of one attempt of one job, for the completer to record (fence-checked)."""
+
+    job: ClaimedJob
+    kind: OutcomeKind
+    duration_s: float = 0.0
+    result: bytes | None = None  # JSON text of a completed handler's return value
+    error_class: str | None = None
+    error_message: str | None = None
+    traceback: str | None = None
+    after_s: float | None = None  # Retry(after=) / Snooze(...)
+
+
+class KindInfo(msgspec.Struct, frozen=True):
+    """A handler's declared defaults, as a worker process reports them when ready."""
+
+    kind: str
+    queue: str | None
+    priority: int | None
+    max_attempts: int | None
+    timeout_s: float | None
