@@ -129,6 +129,7 @@ class QueueConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     backoff_base: Duration = Duration(seconds=1)
     backoff_max: Duration = Duration(hours=1)
     max_crashes: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 3
+    history: Literal["all", "failures", "none"] = "all"
 
     def __post_init__(self) -> None:
         if self.processes > self.concurrency:

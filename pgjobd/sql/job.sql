@@ -59,3 +59,143 @@ SELECT a.attempt, concat_ws(': ', a.error_class, a.error_message) AS error, a.fa
 FROM {{schema}}.job_attempt AS a
 WHERE a.job_id = $1
 ORDER BY a.attempt, a.failed_at;
+
+-- name: job_claim
+-- Claims up to $2 available jobs of queue $1 for member $3, in claim order: one short
+-- transaction. The attempt is counted here, before the handler runs, so a job that
+-- kills its worker still uses up attempts. Each claim gets a new fence; the lease
+-- comes from the database clock. A paused queue gives nothing.
+-- $1 queue, $2 limit, $3 member id, $4 lease
+WITH picked AS (
+    SELECT j.id
+    FROM {{schema}}.job AS j
+    WHERE j.state = 'available' AND j.queue = $1
+      AND NOT EXISTS (SELECT FROM {{schema}}.queue AS q WHERE q.name = $1 AND q.paused)
+    ORDER BY j.priority, j.run_at, j.id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {{schema}}.job AS j
+SET state = 'running', attempt = j.attempt + 1, fence = nextval('{{schema}}.fence_seq'),
+    owner = $3, attempted_at = now(), lease_expires_at = now() + $4::interval
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id, j.fence, j.kind, j.queue, j.attempt, j.max_attempts, j.crashes, j.priority,
+          j.tenant, j.enqueued_at, j.run_at AS scheduled_at, j.args::text AS args;
+
+-- name: job_promote_due
+-- Makes due scheduled and retryable jobs available, wakes their queues' producers
+-- fleet-wide, and says how long until the next one is due (NULL: none waiting).
+-- $1 limit
+WITH due AS (
+    SELECT j.id
+    FROM {{schema}}.job AS j
+    WHERE j.state IN ('scheduled', 'retryable') AND j.run_at <= now()
+    ORDER BY j.run_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), promoted AS (
+    UPDATE {{schema}}.job AS j SET state = 'available'
+    FROM due WHERE j.id = due.id
+    RETURNING j.queue
+), woken AS (
+    SELECT p.queue, pg_notify('{{schema}}.job_ready', p.queue)
+    FROM (SELECT DISTINCT queue FROM promoted) AS p
+)
+SELECT (SELECT count(*) FROM promoted) AS promoted,
+       ARRAY(SELECT w.queue FROM woken AS w) AS queues,
+       extract(epoch FROM (
+           SELECT min(j.run_at) FROM {{schema}}.job AS j
+           WHERE j.state IN ('scheduled', 'retryable')
+             AND j.id NOT IN (SELECT due.id FROM due)
+       ) - now())::float8 AS next_due_in_s;
+
+-- name: job_complete_many
+-- Finishes a batch of completed jobs: deletes each from the hot table only where this
+-- member's fence still holds, and writes its final record in the same statement.
+-- Returns the ids finished; an id missing from the result lost its lease meanwhile.
+-- $1 ids, $2 fences, $3 results (JSON text or NULL), $4 keep a history record
+WITH finished AS (
+    DELETE FROM {{schema}}.job AS j
+    USING unnest($1::bigint[], $2::bigint[], $3::text[], $4::boolean[])
+          AS o(id, fence, result, keep)
+    WHERE j.id = o.id AND j.fence = o.fence AND j.state = 'running'
+    RETURNING j.*, o.result, o.keep
+), recorded AS (
+    INSERT INTO {{schema}}.job_history (id, finished_at, run_at, enqueued_at, attempted_at,
+        attempt, max_attempts, priority, state, queue, kind, tenant, unique_key, owner,
+        last_error, args, result)
+    SELECT f.id, now(), f.run_at, f.enqueued_at, f.attempted_at, f.attempt, f.max_attempts,
+           f.priority, 'completed', f.queue, f.kind, f.tenant, f.unique_key, f.owner,
+           f.last_error, f.args, f.result::jsonb
+    FROM finished AS f
+    WHERE f.keep
+)
+SELECT f.id FROM finished AS f;
+
+-- name: job_fail_many
+-- Records a batch of attempts that did not complete, fence-checked like completion.
+-- Jobs to retry (or snoozed, or given back) return to the hot table with run_at = now()
+-- + delay; final ones move to history as dead. Every failed attempt (not a snooze or
+-- a give-back) gets a job_attempt row. Returns the ids recorded.
+-- $1 ids, $2 fences, $3 outcome kinds, $4 final (dead), $5 dead reasons, $6 delays,
+-- $7 error classes, $8 error messages, $9 tracebacks, $10 durations (s),
+-- $11 keep a history record, $12 member id
+WITH o AS (
+    SELECT *
+    FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::boolean[], $5::text[],
+                $6::interval[], $7::text[], $8::text[], $9::text[], $10::float8[],
+                $11::boolean[])
+         AS o(id, fence, outcome, final, reason, delay, error_class, error_message,
+              traceback, duration_s, keep)
+), retried AS (
+    UPDATE {{schema}}.job AS j
+    SET state = CASE o.outcome WHEN 'snoozed' THEN 'scheduled'
+                               WHEN 'given_back' THEN 'available'
+                               ELSE 'retryable' END::{{schema}}.job_state,
+        run_at = now() + o.delay,
+        attempt = j.attempt - (o.outcome IN ('snoozed', 'given_back'))::integer,
+        crashes = j.crashes + (o.outcome = 'crashed')::integer,
+        last_error = CASE WHEN o.outcome IN ('snoozed', 'given_back') THEN j.last_error
+                          ELSE concat_ws(': ', o.error_class, o.error_message) END,
+        owner = NULL, fence = NULL, lease_expires_at = NULL
+    FROM o
+    WHERE j.id = o.id AND j.fence = o.fence AND j.state = 'running' AND NOT o.final
+    RETURNING j.id, j.attempt, j.queue, j.kind
+), died AS (
+    DELETE FROM {{schema}}.job AS j
+    USING o
+    WHERE j.id = o.id AND j.fence = o.fence AND j.state = 'running' AND o.final
+    RETURNING j.*, o.reason, o.error_class, o.error_message, o.keep
+), buried AS (
+    INSERT INTO {{schema}}.job_history (id, finished_at, run_at, enqueued_at, attempted_at,
+        attempt, max_attempts, priority, state, reason, queue, kind, tenant, unique_key,
+        owner, last_error, args)
+    SELECT d.id, now(), d.run_at, d.enqueued_at, d.attempted_at, d.attempt, d.max_attempts,
+           d.priority, 'dead', d.reason, d.queue, d.kind, d.tenant, d.unique_key, d.owner,
+           concat_ws(': ', d.error_class, d.error_message), d.args
+    FROM died AS d
+    WHERE d.keep
+), recorded AS (
+    SELECT r.id, r.attempt, r.queue, r.kind FROM retried AS r
+    UNION ALL
+    SELECT d.id, d.attempt, d.queue, d.kind FROM died AS d
+), attempts AS (
+    INSERT INTO {{schema}}.job_attempt (job_id, failed_at, duration_s, attempt, queue, kind,
+        member, outcome, error_class, error_message, traceback)
+    SELECT o.id, now(), o.duration_s, r.attempt, r.queue, r.kind, $12, o.outcome,
+           o.error_class, o.error_message, o.traceback
+    FROM recorded AS r JOIN o ON o.id = r.id
+    WHERE o.outcome NOT IN ('snoozed', 'given_back')
+)
+SELECT r.id FROM recorded AS r;
+
+-- name: job_lease_renew
+-- Extends the leases of the jobs this member holds, where its fences still hold.
+-- Returns the ids renewed; the others were lost (reaped, or cancelled).
+-- $1 member id, $2 ids, $3 fences, $4 lease
+UPDATE {{schema}}.job AS j
+SET lease_expires_at = now() + $4::interval
+FROM unnest($2::bigint[], $3::bigint[]) AS h(id, fence)
+WHERE j.id = h.id AND j.fence = h.fence AND j.owner = $1 AND j.state = 'running'
+RETURNING j.id;

@@ -1,0 +1,53 @@
+"""Connections to PostgreSQL: the member's pool, and dedicated sessions (LISTEN, the
+leader's lock) that must never come from a pool — asyncpg's pool release runs UNLISTEN
+and unlocks advisory locks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+from pgjobd.config import Config
+
+
+def server_settings(config: Config) -> dict[str, str]:
+    """Settings every pgjobd session runs with."""
+    timeout_ms = int(config.database.statement_timeout.total_seconds() * 1000)
+    return {
+        "application_name": "pgjobd",
+        "statement_timeout": str(timeout_ms),
+        # A session that idles inside a transaction holds back vacuum on the hot table;
+        # pgjobd's own transactions are single statements, so this never fires for them.
+        "idle_in_transaction_session_timeout": "60000",
+        # Notice a dead peer within a minute rather than the kernel's two hours.
+        "tcp_keepalives_idle": "30",
+        "tcp_keepalives_interval": "10",
+        "tcp_keepalives_count": "3",
+    }
+
+
+def _connect_options(config: Config) -> dict[str, Any]:
+    return {
+        "timeout": config.database.connect_timeout.total_seconds(),
+        "server_settings": server_settings(config),
+    }
+
+
+async def create_pool(config: Config, *, max_size: int | None = None) -> asyncpg.Pool:
+    pool_max = max_size or config.database.pool_max
+    pool: asyncpg.Pool = await asyncpg.create_pool(
+        config.require_dsn(),
+        min_size=min(config.database.pool_min, pool_max),
+        max_size=pool_max,
+        **_connect_options(config),
+    )
+    return pool
+
+
+async def connect_session(config: Config, dsn: str | None = None) -> asyncpg.Connection:
+    """A dedicated session, not from any pool."""
+    conn: asyncpg.Connection = await asyncpg.connect(
+        dsn or config.require_dsn(), **_connect_options(config)
+    )
+    return conn

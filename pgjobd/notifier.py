@@ -1,0 +1,95 @@
+"""The LISTEN session: turns `<schema>.job_ready` notifications into per-queue wake-ups.
+
+NOTIFY is a hint, never the source of truth: producers also poll. When the session is
+lost every producer is woken (to poll at once) and the session is opened again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import anyio
+import asyncpg
+
+from pgjobd import backoff
+from pgjobd.config import Config
+from pgjobd.db import connect_session
+from pgjobd.errors import TRANSIENT
+
+log = logging.getLogger(__name__)
+
+PING_INTERVAL_S = 5.0
+PING_TIMEOUT_S = 5.0
+
+
+class Wakeup:
+    """A level-triggered wake-up a producer clears before it claims and waits on after."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def clear(self) -> None:
+        if self._event.is_set():
+            self._event = anyio.Event()
+
+    async def wait(self, timeout_s: float) -> None:
+        with anyio.move_on_after(timeout_s):
+            await self._event.wait()
+
+
+class Notifier:
+    def __init__(self, config: Config, queues: Iterable[str]) -> None:
+        self.config = config
+        self.channel = f"{config.database.schema}.job_ready"
+        self.wakeups = {queue: Wakeup() for queue in queues}
+        self.healthy = False
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, queue: str) -> None:
+        wakeup = self.wakeups.get(queue)
+        if wakeup is not None:
+            wakeup.set()
+
+    def _wake_all(self) -> None:
+        for wakeup in self.wakeups.values():
+            wakeup.set()
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        started = False
+        failures = 0
+        while True:
+            try:
+                conn = await connect_session(self.config)
+            except TRANSIENT as e:
+                failures += 1
+                log.warning(
+                    "LISTEN session: cannot connect: %s", e, extra={"event": "listener.down"}
+                )
+                await anyio.sleep(backoff.jittered(min(30.0, 0.5 * 2**failures)))
+                continue
+            try:
+                await conn.add_listener(self.channel, self._on_notify)
+                self.healthy, failures = True, 0
+                log.info("listening on %s", self.channel, extra={"event": "listener.up"})
+                self._wake_all()  # anything enqueued while we were not listening
+                if not started:
+                    task_status.started()
+                    started = True
+                while True:
+                    await anyio.sleep(PING_INTERVAL_S)
+                    with anyio.fail_after(PING_TIMEOUT_S):
+                        await conn.fetchval("SELECT 1")
+            except (*TRANSIENT, asyncpg.PostgresError) as e:
+                log.warning("LISTEN session lost: %s", e, extra={"event": "listener.down"})
+            finally:
+                self.healthy = False
+                self._wake_all()
+                with anyio.move_on_after(2, shield=True):
+                    await conn.close()
+            failures += 1
+            await anyio.sleep(backoff.jittered(min(30.0, 0.2 * 2**failures)))
