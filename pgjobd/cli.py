@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import asyncpg
 
-from pgjobd import __version__, config, dev, migrate
+from pgjobd import __version__, config, daemon, dev, log, migrate, worker
 from pgjobd.client import Client
 from pgjobd.errors import ConfigError, EnqueueError, PgjobdError, SchemaError
 from pgjobd.handlers import load_directories
@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pgjobd {__version__}")
     sub = parser.add_subparsers(metavar="COMMAND", required=True)
 
+    p = sub.add_parser("run", parents=[common], help="the daemon: a fleet member")
+    p.set_defaults(command=_run_member)
+
     p = sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
     p.add_argument("--dry-run", action="store_true", help="print the SQL, change nothing")
     p.add_argument(
@@ -92,6 +95,11 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("dev", help="a private PostgreSQL, the schema and example jobs")
     dev.add_arguments(p)
     p.set_defaults(command=dev.run)
+
+    # Internal: a worker process of the daemon's supervisor (pgjobd.worker).
+    p = sub.add_parser("worker", help=argparse.SUPPRESS)
+    worker.add_arguments(p)
+    p.set_defaults(command=worker.command)
     return parser
 
 
@@ -109,6 +117,22 @@ def _run(coroutine: Callable[[], Coroutine[Any, Any, int]]) -> int:
 async def _connect(cfg: config.Config) -> asyncpg.Connection:
     timeout = cfg.database.connect_timeout.total_seconds()
     return await asyncpg.connect(cfg.require_dsn(), timeout=timeout)
+
+
+def _run_member(args: argparse.Namespace) -> int:
+    cfg = _load_config(args)
+    cfg.require_dsn()
+    log.setup(cfg.daemon.log_format, cfg.daemon.log_level)
+    member = daemon.Member(cfg)
+    try:
+        return _run(lambda: _serve(member))
+    except BaseExceptionGroup as group:
+        raise daemon.most_telling(group) from None
+
+
+async def _serve(member: daemon.Member) -> int:
+    await member.run()
+    return EXIT_OK
 
 
 def _migrate(args: argparse.Namespace) -> int:

@@ -11,11 +11,11 @@ import asyncpg
 from pgjobd.config import Config
 
 
-def server_settings(config: Config) -> dict[str, str]:
-    """Settings every pgjobd session runs with."""
+def server_settings(config: Config, application_name: str = "pgjobd") -> dict[str, str]:
+    """Settings every pgjobd session runs with; the name shows in pg_stat_activity."""
     timeout_ms = int(config.database.statement_timeout.total_seconds() * 1000)
     return {
-        "application_name": "pgjobd",
+        "application_name": application_name,
         "statement_timeout": str(timeout_ms),
         # A session that idles inside a transaction holds back vacuum on the hot table;
         # pgjobd's own transactions are single statements, so this never fires for them.
@@ -27,10 +27,10 @@ def server_settings(config: Config) -> dict[str, str]:
     }
 
 
-def _connect_options(config: Config) -> dict[str, Any]:
+def _connect_options(config: Config, application_name: str = "pgjobd") -> dict[str, Any]:
     return {
         "timeout": config.database.connect_timeout.total_seconds(),
-        "server_settings": server_settings(config),
+        "server_settings": server_settings(config, application_name),
     }
 
 
@@ -45,9 +45,11 @@ async def create_pool(config: Config, *, max_size: int | None = None) -> asyncpg
     return pool
 
 
-async def connect_session(config: Config, dsn: str | None = None) -> asyncpg.Connection:
-    """A dedicated session, not from any pool."""
+async def connect_session(
+    config: Config, application_name: str, dsn: str | None = None
+) -> asyncpg.Connection:
+    """A dedicated session, not from any pool, named e.g. "pgjobd listener"."""
     conn: asyncpg.Connection = await asyncpg.connect(
-        dsn or config.require_dsn(), **_connect_options(config)
+        dsn or config.require_dsn(), **_connect_options(config, application_name)
     )
     return conn

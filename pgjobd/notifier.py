@@ -64,7 +64,7 @@ class Notifier:
         failures = 0
         while True:
             try:
-                conn = await connect_session(self.config)
+                conn = await connect_session(self.config, "pgjobd listener")
             except TRANSIENT as e:
                 failures += 1
                 log.warning(

@@ -1,0 +1,204 @@
+"""The messages between the supervisor and its worker processes, and how they are framed.
+
+A frame is a 4-byte big-endian length followed by that many bytes of msgpack: one tagged
+msgspec Struct. The parent writes to the child's stdin and reads the child's original
+stdout (the child moves its own prints to stderr before it sends anything).
+
+    parent -> child   Run(job, timeout_s)   run this job (the child holds it until Done)
+                      Cancel(job_id)        set the job's ctx.cancelled (cooperative)
+                      Stop()                take no more work, finish what you hold, exit 0
+    child -> parent   Ready(pid, kinds)     handlers loaded; the kinds this child knows
+                      BootFailed(message)   handlers failed to load; the child exits 3
+                      Done(job_id, ...)     the end of one job it held
+
+Job args travel as the JSON text PostgreSQL returned and are decoded only in the child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+from typing import Any, Generic, TypeVar
+
+import anyio
+import msgspec
+from anyio.abc import ByteReceiveStream, ByteSendStream
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from pgjobd.errors import PgjobdError
+from pgjobd.model import ClaimedJob, KindInfo, OutcomeKind
+
+HEADER = struct.Struct(">I")
+# Job args are capped far lower at enqueue (client.MAX_ARGS_BYTES); results and
+# tracebacks are capped by the worker. A bigger frame means a corrupt stream.
+MAX_FRAME = 16 * 1024 * 1024
+
+
+class ProtocolError(PgjobdError):
+    """A frame that cannot be read: too big, truncated, or not a known message."""
+
+
+class Message(msgspec.Struct, frozen=True, tag_field="t"):
+    """Base of every frame's message."""
+
+
+class Run(Message, frozen=True, tag="run"):
+    job: ClaimedJob
+    timeout_s: float
+
+
+class Cancel(Message, frozen=True, tag="cancel"):
+    job_id: int
+
+
+class Stop(Message, frozen=True, tag="stop"):
+    pass
+
+
+class Ready(Message, frozen=True, tag="ready"):
+    pid: int
+    kinds: list[KindInfo]
+
+
+class BootFailed(Message, frozen=True, tag="boot_failed"):
+    message: str
+
+
+class Done(Message, frozen=True, tag="done"):
+    job_id: int
+    fence: int
+    kind: OutcomeKind
+    duration_s: float
+    result: bytes | None = None  # JSON text of the handler's return value
+    error_class: str | None = None
+    error_message: str | None = None
+    traceback: str | None = None
+    after_s: float | None = None
+
+
+ToChild = Run | Cancel | Stop
+ToParent = Ready | BootFailed | Done
+
+M = TypeVar("M")
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode_frame(message: Message) -> bytes:
+    """The message as one frame: length header and body, ready for a single write."""
+    body = _encoder.encode(message)
+    if len(body) > MAX_FRAME:
+        raise ProtocolError(f"a {type(message).__name__} frame of {len(body)} bytes is too big")
+    return HEADER.pack(len(body)) + body
+
+
+def frame_length(header: bytes) -> int:
+    """The body length a frame header announces; ProtocolError if over MAX_FRAME."""
+    (length,) = HEADER.unpack(header)
+    if length > MAX_FRAME:
+        raise ProtocolError(f"frame of {length} bytes announced, over the {MAX_FRAME} limit")
+    return int(length)
+
+
+class Decoder(Generic[M]):
+    """Decodes frame bodies into one side's incoming messages."""
+
+    def __init__(self, incoming: Any) -> None:
+        self._decoder: msgspec.msgpack.Decoder[M] = msgspec.msgpack.Decoder(incoming)
+
+    def decode(self, body: bytes) -> M:
+        try:
+            return self._decoder.decode(body)
+        except msgspec.DecodeError as e:
+            raise ProtocolError(f"undecodable frame: {e}") from None
+
+
+class Channel(Generic[M]):
+    """The parent's end of a pipe pair: framed sends and receives over anyio byte streams.
+
+    Sends are serialized by a lock, so tasks may share a channel. `receive` raises
+    anyio.EndOfStream at a clean end of input (between frames) and ProtocolError at a
+    truncated or bad frame.
+    """
+
+    def __init__(self, send: ByteSendStream, receive: ByteReceiveStream, incoming: Any) -> None:
+        self._out = send
+        self._in = BufferedByteReceiveStream(receive)
+        self._decoder: Decoder[M] = Decoder(incoming)
+        self._lock = anyio.Lock()
+
+    async def send(self, message: Message) -> None:
+        """Send one message; anyio.BrokenResourceError if the other end is gone."""
+        frame = encode_frame(message)
+        async with self._lock:
+            try:
+                await self._out.send(frame)
+            except (OSError, RuntimeError) as e:  # a pipe closed under a write
+                raise anyio.BrokenResourceError(str(e)) from e
+
+    async def receive(self) -> M:
+        try:
+            header = await self._in.receive_exactly(HEADER.size)
+        except anyio.IncompleteRead:
+            if self._in.buffer:
+                raise ProtocolError("input ended inside a frame header") from None
+            raise anyio.EndOfStream from None
+        length = frame_length(header)
+        try:
+            body = await self._in.receive_exactly(length)
+        except anyio.IncompleteRead:
+            raise ProtocolError(f"input ended inside a frame of {length} bytes") from None
+        return self._decoder.decode(body)
+
+    async def aclose(self) -> None:
+        await self._out.aclose()
+        await self._in.aclose()
+
+
+class ChildChannel:
+    """The child's end: plain asyncio streams over the two file descriptors of the pipes.
+
+    A frame is written with one `write` call, so tasks sending concurrently never
+    interleave frames.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._decoder: Decoder[ToChild] = Decoder(ToChild)
+
+    @classmethod
+    async def open(cls, read_fd: int, write_fd: int) -> ChildChannel:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(loop=loop)
+        await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", buffering=0)
+        )
+        transport, protocol = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, os.fdopen(write_fd, "wb", buffering=0)
+        )
+        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+        return cls(reader, writer)
+
+    async def send(self, message: Message) -> None:
+        self._writer.write(encode_frame(message))
+        await self._writer.drain()
+
+    async def receive(self) -> ToChild:
+        """The next message; EOFError at a clean end of input, ProtocolError at a bad one."""
+        try:
+            header = await self._reader.readexactly(HEADER.size)
+        except asyncio.IncompleteReadError as e:
+            if e.partial:
+                raise ProtocolError("input ended inside a frame header") from None
+            raise EOFError from None
+        length = frame_length(header)
+        try:
+            body = await self._reader.readexactly(length)
+        except asyncio.IncompleteReadError:
+            raise ProtocolError(f"input ended inside a frame of {length} bytes") from None
+        return self._decoder.decode(body)
+
+    def close(self) -> None:
+        self._writer.close()

@@ -1,0 +1,508 @@
+"""A queue's worker processes: start them, feed them jobs, replace them when they die.
+
+The supervisor claims; worker processes (pgjobd.worker) only execute. A WorkerPool always
+knows which job is in which child, so a child's death is charged to exactly the jobs it
+held, at once, as `crashed` outcomes.
+
+- Slots: the queue's `concurrency` is split across its `processes` children (the first
+  `concurrency % processes` children get one more). `submit` picks the ready child with
+  the most free slots.
+- Deadlines: a job must end within its timeout (the handler's declared timeout, else the
+  queue's) plus `grace_s` after it was sent. The child cancels an async handler at its
+  timeout; a watchdog SIGKILLs a child still holding a job past the deadline (a `def`
+  handler's thread cannot be interrupted; an async one may block its event loop).
+- Deaths: every job the child held becomes `crashed` with the exit status or signal in
+  error_message; a SIGKILL we did not send gets an OOM hint. The child is replaced at
+  once if it had been ready, else after a growing delay (BOOT_BACKOFF_S).
+- Boot: `run` starts every child and waits for each one's Ready before it reports
+  started. A child of that first generation that fails to boot (a handler module that
+  does not import) makes `run` raise ConfigError with the child's message: the daemon
+  exits 78 rather than crash-looping.
+- Process group: children stay in the daemon's group, so a terminal's Ctrl-C reaches
+  them; they ignore SIGINT and the daemon drives shutdown. Their stderr is the daemon's.
+- Shutdown: when `run` is cancelled, each child gets Stop and `grace_s` to finish what it
+  holds (outcomes that arrive meanwhile are still sent, as long as `outcomes` accepts
+  them), then SIGKILL. Jobs without an outcome stay in `held()` for the caller to give
+  back; they are not reported as crashed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+from anyio.abc import Process, TaskGroup, TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
+
+from pgjobd.config import QueueConfig
+from pgjobd.errors import ConfigError
+from pgjobd.model import ClaimedJob, KindInfo, Outcome
+from pgjobd.protocol import (
+    BootFailed,
+    Cancel,
+    Channel,
+    Done,
+    ProtocolError,
+    Ready,
+    Run,
+    Stop,
+    ToParent,
+)
+from pgjobd.worker import EXIT_BOOT
+
+log = logging.getLogger(__name__)
+
+BOOT_TIMEOUT_S = 60.0
+BOOT_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+OOM_HINT = "(SIGKILL: possibly the kernel's OOM killer)"
+
+
+@dataclass(eq=False)
+class _Held:
+    job: ClaimedJob
+    sent_at: float
+    timeout_s: float
+    deadline: float
+
+
+@dataclass(eq=False)
+class _Child:
+    index: int
+    slots: int
+    process: Process
+    channel: Channel[ToParent]
+    kinds: dict[str, KindInfo] = field(default_factory=dict)
+    ready: bool = False
+    retiring: bool = False
+    held: dict[int, _Held] = field(default_factory=dict)
+    kill_reason: str | None = None  # set when we SIGKILL it; None: it died on its own
+    overdue_job: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def free(self) -> int:
+        return self.slots - len(self.held) if self.ready and not self.retiring else 0
+
+
+class _BootError(Exception):
+    pass
+
+
+class WorkerPool:
+    """One queue's worker processes, and the jobs in flight in them."""
+
+    def __init__(
+        self,
+        queue: str,
+        config: QueueConfig,
+        handler_dirs: Sequence[Path],
+        outcomes: MemoryObjectSendStream[Outcome],
+        *,
+        grace_s: float = 5.0,
+        boot_timeout_s: float = BOOT_TIMEOUT_S,
+    ) -> None:
+        self.queue = queue
+        self.config = config
+        self.handler_dirs = [Path(d) for d in handler_dirs]
+        self.outcomes = outcomes
+        self.grace_s = grace_s
+        self.boot_timeout_s = boot_timeout_s
+        self._children: dict[int, _Child] = {}  # by slot index
+        self._changed: anyio.Event | None = None
+        self._deadlines_changed: anyio.Event | None = None
+        self._tg: TaskGroup | None = None
+        self._stopping = False
+        self._slot_scopes: dict[int, anyio.CancelScope] = {}
+        self._slot_ended: dict[int, anyio.Event] = {}
+
+    # -- the producer's and lease keeper's interface ---------------------------------
+
+    def free_slots(self) -> int:
+        """Slots of ready, not-retiring children, minus the jobs in flight in them."""
+        return sum(child.free for child in self._children.values())
+
+    async def wait_free(self) -> None:
+        """Return when free_slots() > 0."""
+        while self.free_slots() <= 0:
+            await self._changed_event().wait()
+
+    async def submit(self, job: ClaimedJob) -> None:
+        """Send the job to the ready child with the most free slots.
+
+        Call only when free_slots() > 0. If the chosen child dies before the job reaches
+        it, the job is reported given_back (it never ran).
+        """
+        candidates = [c for c in self._children.values() if c.free > 0]
+        if not candidates:
+            raise RuntimeError(f"queue {self.queue}: submit() with no free slot")
+        child = max(candidates, key=lambda c: (c.free, -c.index))
+        info = child.kinds.get(job.kind)
+        timeout_s = (
+            info.timeout_s
+            if info is not None and info.timeout_s is not None
+            else self.config.timeout.total_seconds()
+        )
+        now = anyio.current_time()
+        child.held[job.id] = _Held(job, now, timeout_s, now + timeout_s + self.grace_s)
+        self._notify_deadlines()
+        try:
+            await child.channel.send(Run(job=job, timeout_s=timeout_s))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as e:
+            if child.held.pop(job.id, None) is not None:
+                self._notify_changed()
+                await self.outcomes.send(
+                    Outcome(job, "given_back", error_message=f"worker process gone: {e}")
+                )
+
+    def cancel(self, job_id: int) -> None:
+        """Set the job's ctx.cancelled in the child that holds it (no-op if none)."""
+        for child in self._children.values():
+            if job_id in child.held and self._tg is not None:
+                self._tg.start_soon(self._send_quietly, child, Cancel(job_id))
+                return
+
+    def held(self) -> dict[int, ClaimedJob]:
+        """Every job in flight in this pool, by id."""
+        return {
+            job_id: h.job for child in self._children.values() for job_id, h in child.held.items()
+        }
+
+    # -- running -------------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: TaskStatus[list[KindInfo]] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Start the children, report their kinds, keep them alive until cancelled."""
+        self._changed_event()
+        self._deadlines_changed = anyio.Event()
+        self._stopping = False
+        first = await self._boot_first_generation()  # ConfigError: not in a group
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            try:
+                for child in first:
+                    self._children[child.index] = child
+                    self._slot_ended[child.index] = anyio.Event()
+                    tg.start_soon(self._keep_slot, child, name=f"{self.queue} worker slot")
+                tg.start_soon(self._watchdog, name=f"{self.queue} worker watchdog")
+                self._notify_changed()
+                kinds = {k: i for child in first for k, i in child.kinds.items()}
+                log.info(
+                    "queue %s: %d worker processes ready (%d slots)",
+                    self.queue, len(first), self.config.concurrency,
+                    extra={"event": "workers.ready", "queue": self.queue,
+                           "pids": [c.pid for c in first]},
+                )  # fmt: skip
+                task_status.started(list(kinds.values()))
+                await anyio.sleep_forever()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self._shutdown()
+                tg.cancel_scope.cancel()
+
+    def _slot_sizes(self) -> list[int]:
+        base, extra = divmod(self.config.concurrency, self.config.processes)
+        return [base + (1 if i < extra else 0) for i in range(self.config.processes)]
+
+    async def _boot_first_generation(self) -> list[_Child]:
+        booted: list[_Child] = []
+        errors: list[str] = []
+
+        async def boot(index: int, slots: int) -> None:
+            child = await self._spawn(index, slots)
+            booted.append(child)
+            try:
+                await self._await_ready(child)
+            except _BootError as e:
+                errors.append(str(e))
+
+        try:
+            async with anyio.create_task_group() as tg:
+                for index, slots in enumerate(self._slot_sizes()):
+                    tg.start_soon(boot, index, slots)
+            if errors:
+                raise ConfigError(errors[0])
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                for child in booted:
+                    await self._kill_and_reap(child)
+            raise
+        return sorted(booted, key=lambda c: c.index)
+
+    async def _spawn(self, index: int, slots: int) -> _Child:
+        command = [sys.executable, "-m", "pgjobd", "worker", "--queue", self.queue]
+        for directory in self.handler_dirs:
+            command += ["--handler-dir", str(directory)]
+        command += ["--slots", str(slots)]
+        process = await anyio.open_process(command, stderr=None)
+        assert process.stdin is not None and process.stdout is not None
+        channel: Channel[ToParent] = Channel(process.stdin, process.stdout, ToParent)
+        return _Child(index=index, slots=slots, process=process, channel=channel)
+
+    async def _await_ready(self, child: _Child) -> None:
+        """Wait for the child's Ready; _BootError (child reaped) if it never comes."""
+        message: ToParent | None = None
+        problem = ""
+        with anyio.move_on_after(self.boot_timeout_s) as scope:
+            try:
+                message = await child.channel.receive()
+            except anyio.EndOfStream:
+                pass
+            except ProtocolError as e:
+                problem = f": {e}"
+        if isinstance(message, Ready):
+            child.kinds = {info.kind: info for info in message.kinds}
+            child.ready = True
+            return
+        if scope.cancelled_caught:
+            problem = f": not ready within {self.boot_timeout_s:g}s"
+        elif isinstance(message, BootFailed):
+            problem = f": {message.message}"
+        elif message is not None:
+            problem = f": sent {type(message).__name__} before Ready"
+        if not scope.cancelled_caught:
+            with anyio.move_on_after(self.grace_s, shield=True):
+                await child.process.wait()  # it is exiting: let it say how
+        returncode = await self._kill_and_reap(child)
+        status = "boot failure" if returncode == EXIT_BOOT else describe_exit(returncode)
+        raise _BootError(
+            f"worker process {child.pid} of queue {self.queue!r} failed to start "
+            f"({status}){problem}"
+        )
+
+    async def _keep_slot(self, child: _Child) -> None:
+        """Serve one slot's child, then its replacements, until the pool stops.
+
+        Runs shielded from the pool's cancellation: _shutdown ends it, so that outcomes
+        arriving during the grace period are still read and sent.
+        """
+        index = child.index
+        with anyio.CancelScope(shield=True) as scope:
+            self._slot_scopes[index] = scope
+            try:
+                failures = 0
+                current: _Child | None = child
+                while True:
+                    if current is not None:
+                        self._children[index] = current
+                        self._notify_changed()
+                        await self._serve(current)
+                    if self._stopping:
+                        return
+                    if failures:
+                        await self._sleep_unless_stopping(
+                            BOOT_BACKOFF_S[min(failures, len(BOOT_BACKOFF_S)) - 1]
+                        )
+                        if self._stopping:
+                            return
+                    previous = self._children[index].pid
+                    current = await self._spawn(index, self._slot_sizes()[index])
+                    self._children[index] = current
+                    try:
+                        await self._await_ready(current)
+                    except _BootError as e:
+                        failures += 1
+                        log.error("%s; retrying", e, extra={
+                            "event": "worker.boot_failed", "queue": self.queue})  # fmt: skip
+                        current = None
+                        continue
+                    failures = 0
+                    log.info(
+                        "queue %s: worker process %d replaced by %d",
+                        self.queue, previous, current.pid,
+                        extra={"event": "worker.replaced", "queue": self.queue},
+                    )  # fmt: skip
+            finally:
+                self._slot_ended[index].set()
+
+    async def _sleep_unless_stopping(self, delay_s: float) -> None:
+        with anyio.move_on_after(delay_s):
+            while not self._stopping:
+                await self._changed_event().wait()
+
+    async def _serve(self, child: _Child) -> None:
+        """Turn the child's Done frames into outcomes until it exits; then settle up."""
+        try:
+            while True:
+                message = await child.channel.receive()
+                if isinstance(message, Done):
+                    await self._finish(child, message)
+                else:
+                    log.warning("worker %d sent an unexpected %s", child.pid,
+                                type(message).__name__)  # fmt: skip
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        except ProtocolError as e:
+            log.error("worker %d: %s; killing it", child.pid, e,
+                      extra={"event": "worker.protocol_error", "queue": self.queue})  # fmt: skip
+            self._kill(child, f"killed after a protocol error: {e}")
+        child.ready = False
+        self._notify_changed()
+        with anyio.move_on_after(self.grace_s, shield=True):
+            await child.process.wait()  # its output ended: it is exiting
+        returncode = await self._kill_and_reap(child)
+        if self._stopping:
+            return  # what it still holds is the caller's to give back
+        await self._report_death(child, returncode)
+
+    async def _finish(self, child: _Child, done: Done) -> None:
+        held = child.held.get(done.job_id)
+        if held is None or held.job.fence != done.fence:
+            log.warning("worker %d reported job %d, which it does not hold", child.pid,
+                        done.job_id)  # fmt: skip
+            return
+        outcome = Outcome(
+            held.job, done.kind, duration_s=done.duration_s, result=done.result,
+            error_class=done.error_class, error_message=done.error_message,
+            traceback=done.traceback, after_s=done.after_s,
+        )  # fmt: skip
+        await self.outcomes.send(outcome)  # bounded: a slow completer slows us here
+        # Only now is the slot free: until the outcome is handed over the job is held.
+        del child.held[done.job_id]
+        self._notify_changed()
+
+    async def _report_death(self, child: _Child, returncode: int | None) -> None:
+        if child.kill_reason is not None:
+            reason = child.kill_reason
+        elif returncode == -signal.SIGKILL:  # not ours: _kill sets kill_reason
+            reason = f"worker process exited: signal {signal.SIGKILL.value} {OOM_HINT}"
+        else:
+            reason = f"worker process exited: {describe_exit(returncode)}"
+        level = logging.ERROR if child.held else logging.WARNING
+        log.log(
+            level, "queue %s: worker process %d: %s; %d jobs lost with it",
+            self.queue, child.pid, reason, len(child.held),
+            extra={"event": "worker.died", "queue": self.queue, "pid": child.pid,
+                   "jobs": sorted(child.held)},
+        )  # fmt: skip
+        now = anyio.current_time()
+        for job_id, held in list(child.held.items()):
+            message = reason
+            if child.overdue_job is not None and job_id != child.overdue_job:
+                message = f"{reason} (job {child.overdue_job} in the same process)"
+            await self.outcomes.send(
+                Outcome(
+                    held.job, "crashed", duration_s=now - held.sent_at,
+                    error_class="WorkerCrashed", error_message=message,
+                )
+            )  # fmt: skip
+            del child.held[job_id]
+            self._notify_changed()
+
+    async def _watchdog(self) -> None:
+        """SIGKILL a child that holds a job past its deadline."""
+        while True:
+            self._deadlines_changed = anyio.Event()
+            changed = self._deadlines_changed
+            now = anyio.current_time()
+            nearest = math.inf
+            for child in list(self._children.values()):
+                if child.kill_reason is not None:
+                    continue
+                for job_id, held in child.held.items():
+                    if held.deadline <= now:
+                        child.overdue_job = job_id
+                        self._kill(
+                            child,
+                            f"killed after the job ran past its timeout of "
+                            f"{held.timeout_s:g}s + {self.grace_s:g}s grace",
+                        )
+                        break
+                    nearest = min(nearest, held.deadline)
+            with anyio.move_on_after(nearest - now):
+                await changed.wait()
+
+    def _kill(self, child: _Child, reason: str) -> None:
+        if child.kill_reason is None:
+            child.kill_reason = reason
+        child.retiring = True
+        self._notify_changed()
+        if child.process.returncode is None:
+            log.warning("queue %s: worker process %d %s", self.queue, child.pid, reason,
+                        extra={"event": "worker.killed", "queue": self.queue})  # fmt: skip
+            with contextlib.suppress(ProcessLookupError):
+                child.process.kill()
+
+    async def _kill_and_reap(self, child: _Child) -> int | None:
+        """SIGKILL the child if it still runs, wait for it, close its pipes; its status."""
+        if child.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.process.kill()
+        with anyio.CancelScope(shield=True):
+            await child.process.aclose()  # closes stdin and stdout, waits for the exit
+        return child.process.returncode
+
+    async def _send_quietly(self, child: _Child, message: Cancel | Stop) -> None:
+        # A child that is gone cannot take it: its reaping reports what it held.
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await child.channel.send(message)
+
+    async def _shutdown(self) -> None:
+        """Stop every child: Stop, up to grace_s to finish, then SIGKILL."""
+        self._stopping = True
+        self._notify_changed()
+        for child in self._children.values():
+            child.retiring = True
+            if child.process.returncode is None:
+                await self._send_quietly(child, Stop())
+        ended = list(self._slot_ended.values())
+        with anyio.move_on_after(self.grace_s):
+            for event in ended:
+                await event.wait()
+        for child in self._children.values():
+            if child.process.returncode is None:
+                if child.held:
+                    log.warning(
+                        "queue %s: worker process %d still holds %d jobs after %gs: killing it",
+                        self.queue, child.pid, len(child.held), self.grace_s,
+                        extra={"event": "worker.stop_timeout", "queue": self.queue},
+                    )  # fmt: skip
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.kill()
+        with anyio.move_on_after(2.0):
+            for event in ended:
+                await event.wait()
+        for scope in self._slot_scopes.values():
+            scope.cancel()  # e.g. stuck sending to an outcomes stream nobody reads
+
+    # -- events ----------------------------------------------------------------------
+
+    def _changed_event(self) -> anyio.Event:
+        if self._changed is None:
+            self._changed = anyio.Event()
+        return self._changed
+
+    def _notify_changed(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+        self._changed = anyio.Event()
+
+    def _notify_deadlines(self) -> None:
+        if self._deadlines_changed is not None:
+            self._deadlines_changed.set()
+
+
+def describe_exit(returncode: int | None) -> str:
+    """'exit status 1', 'signal 9 (SIGKILL)'."""
+    if returncode is None:
+        return "still running"
+    if returncode >= 0:
+        return f"exit status {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+    return f"signal {-returncode} ({name})"
+
+
+__all__ = ["WorkerPool", "describe_exit"]

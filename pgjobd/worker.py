@@ -1,0 +1,402 @@
+"""A worker process: imports the handler directories and runs the jobs its parent sends.
+
+Started by the supervisor as `python -m pgjobd worker --queue Q --handler-dir D --slots N`
+(an internal, hidden subcommand). It has no database access: jobs come in as Run frames
+on stdin and leave as Done frames on the original stdout (see pgjobd.protocol).
+
+- Frames go over a private duplicate of fd 1; fd 1 then points at stderr, so a handler's
+  print() lands in the daemon's log instead of corrupting the stream. fd 0 becomes
+  /dev/null for the same reason.
+- A handler module that fails to import: the error goes to stderr and, as BootFailed, to
+  the parent; the process exits with status 3 (EXIT_BOOT), which the parent treats as a
+  boot failure rather than a crash.
+- Signals: SIGINT is ignored (a terminal's Ctrl-C reaches the whole foreground process
+  group; the parent drives shutdown). SIGTERM, Stop or the end of input (the parent is
+  gone): take no more work, finish the jobs held, exit 0. Without a parent, a job that
+  does not end within its timeout (plus ORPHAN_GRACE_S) is abandoned and the process
+  exits 1. SIGUSR1 dumps every thread's stack to stderr (faulthandler).
+- async handlers run as tasks, cancelled at their timeout (reported as failed,
+  TimeoutError). `def` handlers run in daemon threads, which cannot be interrupted: the
+  child keeps holding such a job past its timeout, and the parent kills the process when
+  it is still running at timeout + grace (reported as crashed). A thread that returns
+  after its timeout but before the kill is reported failed, TimeoutError, its result
+  dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import faulthandler
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import uvloop
+
+from pgjobd.errors import ConfigError
+from pgjobd.handler import (
+    ArgsError,
+    Discard,
+    HandlerSpec,
+    JobContext,
+    Retry,
+    Snooze,
+    validate_args,
+)
+from pgjobd.handlers import PACKAGE_ROOT, Registry, load_directories
+from pgjobd.model import ClaimedJob, KindInfo
+from pgjobd.protocol import (
+    BootFailed,
+    Cancel,
+    ChildChannel,
+    Done,
+    ProtocolError,
+    Ready,
+    Run,
+    Stop,
+    encode_frame,
+)
+
+EXIT_OK = 0
+EXIT_ABANDONED = 1
+EXIT_BOOT = 3
+ORPHAN_GRACE_S = 5.0
+MAX_RESULT_BYTES = 1024 * 1024
+MAX_MESSAGE_CHARS = 4096
+MAX_TRACEBACK_CHARS = 32 * 1024
+
+log = logging.getLogger("pgjobd.worker")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--queue", required=True)
+    parser.add_argument(
+        "--handler-dir", dest="handler_dirs", action="append", required=True, type=Path
+    )
+    parser.add_argument("--slots", type=int, required=True)
+
+
+def command(args: argparse.Namespace) -> int:
+    """The `pgjobd worker` subcommand. Never returns: it ends the process itself."""
+    code = main(args.queue, args.handler_dirs, args.slots)
+    # Skip interpreter teardown: a daemon thread still inside a handler could stall it.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main(queue: str, handler_dirs: Sequence[Path], slots: int) -> int:
+    frames_in, frames_out = _take_standard_streams()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            stream=sys.stderr,
+            level=logging.INFO,
+            format=f"%(asctime)s pgjobd worker[%(process)d] {queue}: %(levelname)s "
+            "%(name)s: %(message)s",
+        )
+    try:
+        registry = load_directories(handler_dirs)
+    except ConfigError as e:
+        print(f"pgjobd worker: {e}", file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):
+            os.write(frames_out, encode_frame(BootFailed(str(e))))
+        return EXIT_BOOT
+    worker = Worker(queue, registry, slots)
+    code: int = uvloop.run(worker.serve(frames_in, frames_out))
+    return code
+
+
+def _take_standard_streams() -> tuple[int, int]:
+    """Private descriptors for the frames; fd 1 -> stderr and fd 0 -> /dev/null."""
+    sys.stdout.flush()
+    frames_in = os.dup(0)
+    frames_out = os.dup(1)
+    os.dup2(2, 1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    return frames_in, frames_out
+
+
+def kind_info(spec: HandlerSpec) -> KindInfo:
+    return KindInfo(
+        kind=spec.kind,
+        queue=spec.queue,
+        priority=spec.priority,
+        max_attempts=spec.max_attempts,
+        timeout_s=spec.timeout_s,
+    )
+
+
+class _TimedOut(Exception):
+    pass
+
+
+class Worker:
+    """Runs the jobs of one channel concurrently until told to stop or orphaned."""
+
+    def __init__(self, queue: str, registry: Registry, slots: int) -> None:
+        self.queue = queue
+        self.registry = registry
+        self.slots = slots
+        self._contexts: dict[int, JobContext] = {}
+        self._deadlines: dict[int, float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    async def serve(self, frames_in: int, frames_out: int) -> int:
+        channel = await ChildChannel.open(frames_in, frames_out)
+        loop = asyncio.get_running_loop()
+        reading = asyncio.current_task()
+        orphaned = False
+
+        def on_sigterm() -> None:
+            log.info("SIGTERM: finishing the jobs held, then exiting")
+            self._stopping = True
+            if reading is not None:
+                reading.cancel()
+
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+        await channel.send(
+            Ready(pid=os.getpid(), kinds=[kind_info(s) for s in self.registry.values()])
+        )
+        try:
+            while not self._stopping:
+                message = await channel.receive()
+                if isinstance(message, Run):
+                    task = asyncio.create_task(self._run(channel, message))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                elif isinstance(message, Cancel):
+                    ctx = self._contexts.get(message.job_id)
+                    if ctx is not None:
+                        ctx.cancelled.set()
+                elif isinstance(message, Stop):
+                    self._stopping = True
+        except asyncio.CancelledError:
+            pass  # SIGTERM
+        except EOFError:
+            orphaned = True
+            log.warning("input closed: the supervisor is gone; finishing the jobs held")
+        except ProtocolError as e:
+            orphaned = True
+            log.error("unreadable input from the supervisor: %s", e)
+        return await self._finish(orphaned)
+
+    async def _finish(self, orphaned: bool) -> int:
+        """Wait for the jobs held. The parent enforces timeouts; alone, we do."""
+        self._stopping = True
+        if not self._tasks:
+            return EXIT_OK
+        if not orphaned:
+            await asyncio.wait(set(self._tasks))
+            return EXIT_OK
+        latest = max(self._deadlines.values(), default=time.monotonic())
+        limit = max(0.0, latest - time.monotonic()) + ORPHAN_GRACE_S
+        _, pending = await asyncio.wait(set(self._tasks), timeout=limit)
+        if pending:
+            log.error("abandoning %d jobs still running %.0fs past their timeouts",
+                      len(pending), ORPHAN_GRACE_S)  # fmt: skip
+            return EXIT_ABANDONED
+        return EXIT_OK
+
+    async def _run(self, channel: ChildChannel, run: Run) -> None:
+        job = run.job
+        self._deadlines[job.id] = time.monotonic() + run.timeout_s
+        try:
+            done = await self.execute(run)
+        except Exception as e:  # a bug here must not leave the job held forever
+            log.exception("job %d: internal error", job.id)
+            done = Done(job.id, job.fence, "failed", 0.0, error_class="pgjobd.WorkerError",
+                        error_message=f"internal worker error: {e!r}")  # fmt: skip
+        finally:
+            self._contexts.pop(job.id, None)
+            self._deadlines.pop(job.id, None)
+        try:
+            await channel.send(done)
+        except (OSError, RuntimeError) as e:
+            log.error("job %d: cannot report its outcome (%s): %s", job.id, done.kind, e)
+
+    async def execute(self, run: Run) -> Done:
+        """Run one job to its Done: convert the args, call the handler, map the result."""
+        job = run.job
+        started = time.monotonic()
+
+        def done(kind: Any, **fields: Any) -> Done:
+            return Done(job.id, job.fence, kind, time.monotonic() - started, **fields)
+
+        spec = self.registry.get(job.kind)
+        if spec is None:
+            known = ", ".join(self.registry.kinds()) or "none"
+            return done(
+                "unknown_kind",
+                error_class="pgjobd.UnknownKind",
+                error_message=f"no handler for kind {job.kind!r} in this worker of queue "
+                f"{self.queue!r}; known kinds: {known}",
+            )
+        try:
+            args = validate_args(spec, msgspec.json.decode(job.args))
+        except msgspec.DecodeError as e:
+            message = f"args for kind {job.kind!r} are not valid JSON: {e}"
+            return done("invalid_args", error_class="pgjobd.ArgsError", error_message=message)
+        except ArgsError as e:
+            return done("invalid_args", error_class="pgjobd.ArgsError", error_message=str(e))
+
+        ctx = _context(job)
+        self._contexts[job.id] = ctx
+        call_args = (args, ctx) if spec.takes_ctx else (args,)
+        try:
+            if spec.is_async:
+                value = await _call_async(spec.function, call_args, run.timeout_s)
+            else:
+                value = await _call_in_thread(spec.function, call_args, job.id)
+                if time.monotonic() - started > run.timeout_s:
+                    raise _TimedOut(
+                        f"ran {time.monotonic() - started:.1f}s, past its timeout of "
+                        f"{run.timeout_s:g}s (its result is dropped)"
+                    )
+        except _TimedOut as e:
+            return done(
+                "failed", error_class="TimeoutError", error_message=f"job {e}", traceback=None
+            )
+        except Retry as e:
+            return done("retry", after_s=e.after_s, **_cause_fields(e))
+        except Snooze as e:
+            return done("snoozed", after_s=e.after_s, **_cause_fields(e))
+        except Discard as e:
+            fields = _cause_fields(e)
+            fields["error_message"] = e.reason or "discarded by the handler"
+            return done("discarded", **fields)
+        except BaseException as e:
+            if isinstance(e, asyncio.CancelledError) and _being_cancelled():
+                raise
+            kind = "discarded" if isinstance(e, spec.discard_on) else "failed"
+            return done(kind, **_error_fields(e))
+        return done("completed", result=_encode_result(value, ctx))
+
+
+def _being_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _context(job: ClaimedJob) -> JobContext:
+    return JobContext(
+        id=job.id,
+        kind=job.kind,
+        queue=job.queue,
+        attempt=job.attempt,
+        max_attempts=job.max_attempts,
+        tenant=job.tenant,
+        enqueued_at=job.enqueued_at,
+        scheduled_at=job.scheduled_at,
+        cancelled=threading.Event(),
+        logger=logging.getLogger("pgjobd.job"),
+    )
+
+
+async def _call_async(function: Callable[..., Any], args: tuple[Any, ...], timeout_s: float) -> Any:
+    task = asyncio.ensure_future(function(*args))
+    try:
+        finished, _ = await asyncio.wait({task}, timeout=timeout_s)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not finished:
+        task.cancel()
+        # Wait for the handler to unwind; one that ignores cancellation keeps the job
+        # held until the parent's deadline kills the process.
+        await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is None:
+            log.warning("a handler returned after its timeout was cancelled; result dropped")
+        raise _TimedOut(f"ran past its timeout of {timeout_s:g}s and was cancelled")
+    return task.result()
+
+
+async def _call_in_thread(function: Callable[..., Any], args: tuple[Any, ...], job_id: int) -> Any:
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(error: BaseException | None, value: Any) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+    def target() -> None:
+        try:
+            value = function(*args)
+        except BaseException as e:
+            outcome: tuple[BaseException | None, Any] = (e, None)
+        else:
+            outcome = (None, value)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: we are exiting
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    # A daemon thread of its own, not an executor: one stuck forever must not keep the
+    # process from exiting.
+    threading.Thread(target=target, name=f"pgjobd-job-{job_id}", daemon=True).start()
+    return await future
+
+
+def _encode_result(value: Any, ctx: JobContext) -> bytes | None:
+    if value is None:
+        return None
+    try:
+        encoded = msgspec.json.encode(value)
+    except (TypeError, ValueError, msgspec.EncodeError) as e:
+        ctx.logger.warning("return value is not JSON-able, so no result is kept: %s", e)
+        return None
+    if len(encoded) > MAX_RESULT_BYTES:
+        ctx.logger.warning(
+            "return value is %d bytes of JSON, over the %d-byte limit: no result is kept",
+            len(encoded),
+            MAX_RESULT_BYTES,
+        )
+        return None
+    return encoded
+
+
+def class_name(error_type: type[BaseException]) -> str:
+    """A qualified class name; builtins bare, handler modules without their synthetic package."""
+    module = error_type.__module__
+    if module == "builtins":
+        return error_type.__qualname__
+    if module.startswith(PACKAGE_ROOT + "."):
+        module = module.split(".", 2)[2] if module.count(".") >= 2 else module
+    if module.startswith("pgjobd."):
+        module = "pgjobd"
+    return f"{module}.{error_type.__qualname__}"
+
+
+def _error_fields(error: BaseException) -> dict[str, Any]:
+    text = "".join(traceback.format_exception(error))
+    if len(text) > MAX_TRACEBACK_CHARS:
+        text = "...(truncated)\n" + text[-MAX_TRACEBACK_CHARS:]
+    message = str(error)
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[:MAX_MESSAGE_CHARS] + "...(truncated)"
+    return {"error_class": class_name(type(error)), "error_message": message, "traceback": text}
+
+
+def _cause_fields(outcome: BaseException) -> dict[str, Any]:
+    """For Retry/Snooze/Discard: the exception that led to it, if any, else its own text."""
+    cause = outcome.__cause__ or outcome.__context__
+    if cause is not None:
+        return _error_fields(cause)
+    return {"error_class": class_name(type(outcome)), "error_message": str(outcome) or None}

@@ -1,0 +1,128 @@
+"""Real `pgjobd run` members on a temporary config, this directory's handlers and the
+test's own schema. Tests wait on database state, never on fixed sleeps."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+from anyio.abc import Process
+
+HANDLERS = Path(__file__).parent / "handlers"
+
+
+class MemberProcess:
+    def __init__(self, process: Process, log_path: Path) -> None:
+        self.process = process
+        self.log_path = log_path
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    async def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30) -> int:
+        if self.process.returncode is None:
+            self.process.send_signal(sig)
+        with anyio.move_on_after(timeout_s):
+            return await self.process.wait()
+        self.process.kill()
+        await self.process.wait()
+        raise AssertionError(f"member did not stop within {timeout_s}s:\n{self.log[-3000:]}")
+
+
+async def wait_until(
+    check: Callable[[], Any], timeout_s: float = 20, what: str = "condition"
+) -> Any:
+    """Polls `check` (a query, or a plain function) until it gives something truthy."""
+    with anyio.fail_after(timeout_s):
+        while True:
+            result = check()
+            if inspect.isawaitable(result):
+                result = await result
+            if result:
+                return result
+            await anyio.sleep(0.02)
+    raise AssertionError(what)  # pragma: no cover
+
+
+DEFAULT_QUEUES = """
+[queues.default]
+concurrency = 8
+processes = 2
+backoff_base = "0s"
+backoff_max = "10ms"
+
+[queues.other]
+concurrency = 2
+processes = 1
+"""
+
+
+@pytest.fixture
+async def start_member(
+    dsn: str, schema: str, conn: asyncpg.Connection, tmp_path: Path
+) -> AsyncIterator[Callable[..., Awaitable[MemberProcess]]]:
+    started: list[MemberProcess] = []
+
+    async def start(
+        queues: str = DEFAULT_QUEUES, daemon: str = "", handlers: Path = HANDLERS,
+        wait_ready: bool = True, server_dsn: str | None = None,
+    ) -> MemberProcess:  # fmt: skip
+        index = len(started)
+        config = tmp_path / f"member{index}.toml"
+        config.write_text(
+            f'[database]\nschema = "{schema}"\n\n'
+            f'[daemon]\nhandlers = ["{handlers}"]\nmetrics_listen = ""\n'
+            f'log_format = "text"\ndrain_timeout = "10s"\n{daemon}\n{queues}'
+        )
+        log_path = tmp_path / f"member{index}.log"
+        env = {**os.environ, "PGJOBD_DSN": server_dsn or dsn}
+        env.pop("DATABASE_URL", None)
+        with log_path.open("wb") as log_file:
+            process = await anyio.open_process(
+                [sys.executable, "-m", "pgjobd", "run", "--config", str(config)],
+                stdout=log_file, stderr=log_file, env=env,
+            )  # fmt: skip
+        member = MemberProcess(process, log_path)
+        started.append(member)
+        if wait_ready:
+            await wait_until(lambda: _ready(conn, schema, process.pid, member), what="member ready")
+        return member
+
+    yield start
+    for member in started:
+        if member.process.returncode is None:
+            await member.stop(signal.SIGKILL)
+
+
+async def _ready(conn: asyncpg.Connection, schema: str, pid: int, member: MemberProcess) -> bool:
+    if member.process.returncode is not None:
+        raise AssertionError(f"member exited {member.process.returncode}:\n{member.log[-3000:]}")
+    found = await conn.fetchval(f"SELECT count(*) FROM {schema}.member WHERE pid = $1", pid)
+    return bool(found)
+
+
+async def final_records(conn: asyncpg.Connection, schema: str) -> dict[int, asyncpg.Record]:
+    rows = await conn.fetch(f"SELECT * FROM {schema}.job_history")
+    return {row["id"]: row for row in rows}
+
+
+async def wait_all_final(
+    conn: asyncpg.Connection, schema: str, count: int, timeout_s: float = 30
+) -> dict[int, asyncpg.Record]:
+    async def done() -> dict[int, asyncpg.Record] | None:
+        records = await final_records(conn, schema)
+        return records if len(records) >= count else None
+
+    records: dict[int, asyncpg.Record] = await wait_until(
+        done, timeout_s, what=f"{count} final records"
+    )
+    return records

@@ -1,0 +1,225 @@
+"""`pgjobd run` end to end: jobs enqueued from the CLI, Python and SQL are claimed, run
+in worker processes and recorded, once, with the right outcome."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import anyio
+import asyncpg
+import pytest
+
+from pgjobd import Client, JobSpec
+
+from .conftest import MemberProcess, wait_all_final, wait_until
+
+pytestmark = pytest.mark.anyio
+StartMember = Callable[..., Awaitable[MemberProcess]]
+
+
+async def test_jobs_from_cli_python_and_sql_complete_once(
+    dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember
+) -> None:
+    member = await start_member()
+    async with await Client.connect(dsn, schema=schema) as client:
+        from_python = await client.enqueue("echo", {"via": "python"})
+        bulk = await client.enqueue_many([("echo", {"n": i}) for i in range(50)])
+    from_sql = await conn.fetchval(f"SELECT {schema}.enqueue('echo', '{{\"via\": \"sql\"}}')")
+    cli = await anyio.run_process(
+        [sys.executable, "-m", "pgjobd", "enqueue", "echo", '{"via": "cli"}',
+         "--dsn", dsn, "--schema", schema],
+    )  # fmt: skip
+    from_cli = int(cli.stdout)
+
+    records = await wait_all_final(conn, schema, 53)
+
+    for job_id in (from_python, from_sql, from_cli, *bulk):
+        assert records[job_id]["state"] == "completed"
+        assert records[job_id]["attempt"] == 1
+    assert json.loads(records[from_cli]["result"]) == {"echo": {"via": "cli"}}
+    assert await conn.fetchval(f"SELECT count(*) FROM {schema}.job") == 0
+    assert await member.stop() == 0
+
+
+async def test_kinds_are_declared_so_sql_enqueues_land_in_the_right_queue(
+    schema: str, conn: asyncpg.Connection, start_member: StartMember
+) -> None:
+    await start_member()
+
+    kinds = {
+        r["name"]: tuple(r)[1:]
+        for r in await conn.fetch(f"SELECT name, queue, priority, max_attempts FROM {schema}.kind")
+    }
+    assert kinds["declared_elsewhere"] == ("other", 2, 7)
+    assert kinds["echo"] == ("default", 0, 20)
+
+    job_id = await conn.fetchval(f"SELECT {schema}.enqueue('declared_elsewhere')")
+    records = await wait_all_final(conn, schema, 1)
+    assert records[job_id]["queue"] == "other"
+    assert records[job_id]["state"] == "completed"
+
+
+async def test_every_outcome_is_recorded_as_the_contract_says(
+    dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
+) -> None:
+    await start_member()
+    async with await Client.connect(dsn, schema=schema) as client:
+        ids = dict(
+            zip(
+                ["fails", "retries", "snoozes", "discards", "discard_on", "bad_args",
+                 "typed", "unknown"],
+                await client.enqueue_many([
+                    ("always_fails", {"x": 1}),
+                    ("retries_then_succeeds", {}),
+                    ("snoozes_once", {"path": str(tmp_path / "snoozed")}),
+                    ("discards", {}),
+                    ("discards_on_key_error", {}),
+                    ("typed", {"n": "not a number"}),
+                    ("typed", {"n": 21}),
+                    JobSpec("nobody_handles_this", {}, max_attempts=2),
+                ]),
+                strict=True,
+            )
+        )  # fmt: skip
+
+    records = await wait_all_final(conn, schema, len(ids))
+
+    def final(name: str) -> tuple[str, str | None, int]:
+        r = records[ids[name]]
+        return r["state"], r["reason"], r["attempt"]
+
+    assert final("fails") == ("dead", "attempts_exhausted", 3)
+    assert "ValueError: boom on {'x': 1}" in records[ids["fails"]]["last_error"]
+    assert final("retries") == ("completed", None, 3)
+    assert final("snoozes") == ("completed", None, 1)  # the snooze did not use an attempt
+    assert final("discards") == ("dead", "discarded", 1)
+    assert "not worth retrying" in records[ids["discards"]]["last_error"]
+    assert final("discard_on") == ("dead", "discarded", 1)
+    assert final("bad_args") == ("dead", "invalid_args", 1)
+    assert "Expected `int`, got `str`" in records[ids["bad_args"]]["last_error"]
+    assert final("typed") == ("completed", None, 1)
+    assert json.loads(records[ids["typed"]]["result"]) == 42
+    assert final("unknown") == ("dead", "unknown_kind", 2)
+
+    attempts = await conn.fetch(
+        f"SELECT job_id, attempt, outcome, error_class, traceback, member "
+        f"FROM {schema}.job_attempt ORDER BY job_id, attempt"
+    )
+    failed = [(a["attempt"], a["outcome"]) for a in attempts if a["job_id"] == ids["fails"]]
+    assert failed == [(1, "failed"), (2, "failed"), (3, "failed")]
+    first = next(a for a in attempts if a["job_id"] == ids["fails"])
+    assert first["error_class"] == "ValueError"
+    assert "raise ValueError" in first["traceback"]
+    assert first["member"]
+    assert not [a for a in attempts if a["job_id"] == ids["snoozes"]]
+
+
+async def test_two_members_never_run_one_job_at_once(
+    dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger"
+    await start_member()
+    await start_member()
+    async with await Client.connect(dsn, schema=schema) as client:
+        ids = await client.enqueue_many(
+            [("record", {"path": str(ledger), "hold_s": 0.002}) for _ in range(400)]
+        )
+
+    records = await wait_all_final(conn, schema, len(ids), timeout_s=60)
+
+    runs = [line.split() for line in ledger.read_text().splitlines()]
+    ran = sorted(int(run[0]) for run in runs)
+    assert ran == sorted(ids)  # each job ran exactly once: no fault, no repeat
+    assert {r["state"] for r in records.values()} == {"completed"}
+    owners = {r["owner"] for r in records.values()}
+    assert len(owners) == 2  # both members took a share
+
+
+async def test_a_lost_listen_session_falls_back_to_polling_and_reconnects(
+    dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember
+) -> None:
+    await start_member()
+    listener_query = "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgjobd listener'"
+    old = await wait_until(lambda: conn.fetchval(listener_query), what="listener session")
+
+    await conn.execute("SELECT pg_terminate_backend($1)", old)
+    job_id = await conn.fetchval(f"SELECT {schema}.enqueue('echo')")
+
+    records = await wait_all_final(conn, schema, 1)
+    assert records[job_id]["state"] == "completed"
+    new = await wait_until(
+        lambda: conn.fetchval(listener_query + " AND pid <> $1", old), what="a new listener"
+    )
+    assert new != old
+
+
+async def test_an_outcome_whose_fence_was_taken_changes_nothing(
+    dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
+) -> None:
+    member = await start_member()
+    gate = {"started": str(tmp_path / "started"), "release": str(tmp_path / "release")}
+    job_id = await conn.fetchval(
+        f"SELECT {schema}.enqueue('waits_for_gate', $1::jsonb)", json.dumps(gate)
+    )
+    await wait_until(lambda: anyio.Path(gate["started"]).exists(), what="handler started")
+
+    # What a reaper does to a job whose member looks dead: take it back, new fence.
+    await conn.execute(
+        f"UPDATE {schema}.job SET fence = fence + 1000, owner = 'someone-else' WHERE id = $1",
+        job_id,
+    )
+    await anyio.Path(gate["release"]).write_text("go")
+    await wait_until(lambda: "dropped 1 outcomes" in member.log, what="stale outcome logged")
+
+    row = await conn.fetchrow(f"SELECT state, owner FROM {schema}.job WHERE id = $1", job_id)
+    assert tuple(row) == ("running", "someone-else")
+    assert await conn.fetchval(f"SELECT count(*) FROM {schema}.job_history") == 0
+
+
+async def test_sigterm_drains_and_leaves_the_fleet(
+    dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember
+) -> None:
+    member = await start_member()
+    job_id = await conn.fetchval(f"SELECT {schema}.enqueue('echo')")
+    await wait_all_final(conn, schema, 1)
+
+    assert await member.stop(signal.SIGTERM) == 0
+    assert await conn.fetchval(f"SELECT count(*) FROM {schema}.member") == 0
+    assert (
+        await conn.fetchval(f"SELECT state FROM {schema}.job_history WHERE id = $1", job_id)
+    ) == "completed"
+
+
+async def test_a_handler_module_that_fails_to_import_exits_78(
+    start_member: StartMember, tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken_handlers"
+    broken.mkdir()
+    (broken / "bad.py").write_text("raise RuntimeError('cannot start')\n")
+
+    member = await start_member(handlers=broken, wait_ready=False)
+
+    with anyio.fail_after(30):
+        status = await member.process.wait()
+    assert status == 78
+    assert "bad.py" in member.log and "cannot start" in member.log
+
+
+async def test_history_none_keeps_no_final_records(
+    schema: str, conn: asyncpg.Connection, start_member: StartMember
+) -> None:
+    await start_member(
+        queues='[queues.default]\nconcurrency = 4\nprocesses = 1\nhistory = "none"\n'
+    )
+    await conn.execute(f"SELECT {schema}.enqueue('echo') FROM generate_series(1, 20)")
+
+    await wait_until(lambda: _empty(conn, schema), what="hot table empty")
+    assert await conn.fetchval(f"SELECT count(*) FROM {schema}.job_history") == 0
+
+
+async def _empty(conn: asyncpg.Connection, schema: str) -> bool:
+    return await conn.fetchval(f"SELECT count(*) FROM {schema}.job") == 0
