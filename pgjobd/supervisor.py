@@ -61,6 +61,9 @@ log = logging.getLogger(__name__)
 
 BOOT_TIMEOUT_S = 60.0
 BOOT_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+# A child that exits on its own this soon after Ready, holding no job, counts as a failed
+# boot for the backoff (a handler module that kills its process from a thread).
+MIN_UPTIME_S = 10.0
 OOM_HINT = "(SIGKILL: possibly the kernel's OOM killer)"
 
 
@@ -84,6 +87,8 @@ class _Child:
     held: dict[int, _Held] = field(default_factory=dict)
     kill_reason: str | None = None  # set when we SIGKILL it; None: it died on its own
     overdue_job: int | None = None
+    ready_at: float = 0.0
+    crashed_jobs: int = 0
 
     @property
     def pid(self) -> int:
@@ -263,6 +268,7 @@ class WorkerPool:
         if isinstance(message, Ready):
             child.kinds = {info.kind: info for info in message.kinds}
             child.ready = True
+            child.ready_at = anyio.current_time()
             return
         if scope.cancelled_caught:
             problem = f": not ready within {self.boot_timeout_s:g}s"
@@ -297,6 +303,10 @@ class WorkerPool:
                         self._children[index] = current
                         self._notify_changed()
                         await self._serve(current)
+                        uptime = anyio.current_time() - current.ready_at
+                        # Dying on its own, soon after Ready and with no job: back off too.
+                        alone = not (current.kill_reason or current.crashed_jobs)
+                        failures = failures + 1 if uptime < MIN_UPTIME_S and alone else 0
                     if self._stopping:
                         return
                     if failures:
@@ -316,7 +326,6 @@ class WorkerPool:
                             "event": "worker.boot_failed", "queue": self.queue})  # fmt: skip
                         current = None
                         continue
-                    failures = 0
                     log.info(
                         "queue %s: worker process %d replaced by %d",
                         self.queue, previous, current.pid,
@@ -386,6 +395,7 @@ class WorkerPool:
                    "jobs": sorted(child.held)},
         )  # fmt: skip
         now = anyio.current_time()
+        child.crashed_jobs = len(child.held)
         for job_id, held in list(child.held.items()):
             message = reason
             if child.overdue_job is not None and job_id != child.overdue_job:

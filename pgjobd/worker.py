@@ -162,11 +162,14 @@ class Worker:
         loop = asyncio.get_running_loop()
         reading = asyncio.current_task()
         orphaned = False
+        in_loop = True
 
         def on_sigterm() -> None:
+            if self._stopping:
+                return
             log.info("SIGTERM: finishing the jobs held, then exiting")
             self._stopping = True
-            if reading is not None:
+            if reading is not None and in_loop:
                 reading.cancel()
 
         loop.add_signal_handler(signal.SIGTERM, on_sigterm)
@@ -187,13 +190,15 @@ class Worker:
                 elif isinstance(message, Stop):
                     self._stopping = True
         except asyncio.CancelledError:
-            pass  # SIGTERM
+            if reading is not None:
+                reading.uncancel()  # SIGTERM: stop reading, as on Stop
         except EOFError:
             orphaned = True
             log.warning("input closed: the supervisor is gone; finishing the jobs held")
         except ProtocolError as e:
             orphaned = True
             log.error("unreadable input from the supervisor: %s", e)
+        in_loop = False
         return await self._finish(orphaned)
 
     async def _finish(self, orphaned: bool) -> int:

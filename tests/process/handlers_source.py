@@ -24,7 +24,8 @@ async def add(args: Add) -> int:
 
 @job
 def add_sync(args: Add, ctx: JobContext) -> dict:
-    return {"sum": args.a + args.b, "attempt": ctx.attempt, "thread": threading.current_thread().name}
+    thread = threading.current_thread().name
+    return {"sum": args.a + args.b, "attempt": ctx.attempt, "thread": thread}
 
 
 @job

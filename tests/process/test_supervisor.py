@@ -65,7 +65,7 @@ class Harness:
 
     async def until(self, condition: Callable[[], bool]) -> None:
         with anyio.fail_after(WAIT_S):
-            while not condition():
+            while not condition():  # noqa: ASYNC110 - a condition polled under a deadline
                 await anyio.sleep(0.01)
 
 

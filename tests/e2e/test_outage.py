@@ -1,0 +1,81 @@
+"""The database goes away under a running member: outcomes are held and recorded once
+it is back, claiming pauses meanwhile, and no job is lost or recorded twice. Uses a
+private cluster the test can stop and start."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import asyncpg
+import pytest
+
+from pgjobd import migrate
+from pgjobd.embedded import KILL_SAFE_SETTINGS, Cluster
+
+from .conftest import HANDLERS, MemberProcess, wait_until
+
+pytestmark = pytest.mark.anyio
+SCHEMA = "pgjobd"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with Cluster(tmp_path / "pg", settings=KILL_SAFE_SETTINGS) as running:
+        yield running
+
+
+async def test_outcomes_survive_a_database_restart(cluster: Cluster, tmp_path: Path) -> None:
+    await cluster.ensure_database("outage")
+    dsn = cluster.dsn("outage")
+    conn = await asyncpg.connect(dsn)
+    await migrate.migrate(conn, SCHEMA)
+    ledger = tmp_path / "ledger"
+    await conn.execute(
+        f"SELECT {SCHEMA}.enqueue('record', jsonb_build_object('path', $1::text, "
+        "'hold_s', 0.3)) FROM generate_series(1, 40)",
+        str(ledger),
+    )
+    await conn.close()
+    config = tmp_path / "pgjobd.toml"
+    config.write_text(
+        f'[daemon]\nhandlers = ["{HANDLERS}"]\nmetrics_listen = ""\nlog_format = "text"\n'
+        "[queues.default]\nconcurrency = 8\nprocesses = 2\n"
+    )
+    log_path = tmp_path / "member.log"
+    with log_path.open("wb") as log_file:
+        process = await anyio.open_process(
+            [sys.executable, "-m", "pgjobd", "run", "--config", str(config)],
+            stdout=log_file, stderr=log_file, env={**os.environ, "PGJOBD_DSN": dsn},
+        )  # fmt: skip
+    member = MemberProcess(process, log_path)
+    try:
+        # Jobs are running in the workers; take the database away under them.
+        await wait_until(ledger.exists, what="first job done")
+        cluster.stop("fast")
+        await wait_until(lambda: "holding them" in member.log, timeout_s=30, what="outcomes held")
+        cluster.start()
+
+        conn = await asyncpg.connect(dsn)
+        try:
+
+            async def all_final() -> bool:
+                return await conn.fetchval(f"SELECT count(*) FROM {SCHEMA}.job_history") == 40
+
+            await wait_until(all_final, timeout_s=60, what="40 final records")
+            assert await conn.fetchval(f"SELECT count(*) FROM {SCHEMA}.job") == 0
+            states = await conn.fetch(
+                f"SELECT state, count(*) FROM {SCHEMA}.job_history GROUP BY state"
+            )
+            assert [tuple(s) for s in states] == [("completed", 40)]
+            distinct = await conn.fetchval(f"SELECT count(DISTINCT id) FROM {SCHEMA}.job_history")
+            assert distinct == 40  # one final record per job
+        finally:
+            await conn.close()
+        assert "recording outcomes again" in member.log
+        assert process.returncode is None  # the member rode out the outage
+    finally:
+        assert await member.stop() == 0, member.log[-3000:]
