@@ -1,16 +1,21 @@
-"""`pgjobd dev`: a private PostgreSQL with the pgjobd schema and a few jobs, until Ctrl-C.
+"""`pgjobd dev`: a private PostgreSQL with the pgjobd schema, a daemon serving the
+example handlers, and a few jobs flowing, until Ctrl-C.
 
 The data directory persists between runs. A server left running by a killed `pgjobd dev`
-is adopted, and stopped like our own on Ctrl-C or SIGTERM.
+is adopted, and stopped like our own on Ctrl-C or SIGTERM. The daemon is a real
+`pgjobd run` child process; Ctrl-C drains it before the server stops.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import os
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,8 +33,28 @@ DATABASE = "pgjobd"
 _EXAMPLE_JOBS_SQL = """
 SELECT pgjobd.enqueue('hello', '{"name": "world"}'::jsonb, unique_key => 'dev-example-1'),
        pgjobd.enqueue('hello', '{"name": "Ada"}'::jsonb, unique_key => 'dev-example-2'),
-       pgjobd.enqueue('hello', '{"name": "later"}'::jsonb, delay => interval '1 minute',
-                      unique_key => 'dev-example-3')
+       pgjobd.enqueue('hello', '{"name": "later"}'::jsonb, delay => interval '20 seconds',
+                      unique_key => 'dev-example-3'),
+       pgjobd.enqueue('build_report', '{"scope": "all"}'::jsonb,
+                      unique_key => 'dev-example-4'),
+       pgjobd.enqueue('flaky_webhook', '{"url": "https://example.invalid/hook",
+                                          "event": "signup"}'::jsonb,
+                      unique_key => 'dev-example-5')
+"""
+_DAEMON_CONFIG = """\
+# Written by `pgjobd dev` for its daemon; edit config/dev.toml for your own runs.
+[database]
+schema = "{schema}"
+
+[daemon]
+handlers = [{handlers}]
+log_format = "text"
+drain_timeout = "5s"
+metrics_listen = ""
+
+[queues.default]
+concurrency = 4
+processes = 1
 """
 
 
@@ -47,6 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--reset", action="store_true", help="delete the data directory and start afresh"
+    )
+    parser.add_argument(
+        "--handlers",
+        type=Path,
+        default=Path("handlers"),
+        help="handler directory for the daemon (default: ./handlers, the examples)",
     )
 
 
@@ -85,7 +116,38 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous_sigterm)
 
 
+def _start_daemon(cluster: Cluster, handlers: Path) -> subprocess.Popen[bytes] | None:
+    """`pgjobd run` on the dev cluster with the example handlers, as a child process."""
+    if not handlers.is_dir():
+        _say(f"pgjobd dev: no handler directory {handlers}: not starting the daemon "
+             "(pass --handlers DIR)")  # fmt: skip
+        return None
+    config = cluster.data_dir / "pgjobd-dev.toml"
+    config.write_text(
+        _DAEMON_CONFIG.format(schema=SCHEMA, handlers=f'"{handlers.resolve()}"'), "utf-8"
+    )
+    env = {**os.environ, "PGJOBD_DSN": cluster.dsn(DATABASE)}
+    env.pop("DATABASE_URL", None)
+    _say(f"pgjobd dev: starting the daemon: pgjobd run --config {config}")
+    # Its own session: a terminal's Ctrl-C reaches only `pgjobd dev`, which then drains
+    # the daemon with one SIGTERM (a second signal would make it stop at once).
+    return subprocess.Popen(
+        [sys.executable, "-m", "pgjobd", "run", "--config", str(config)],
+        env=env,
+        start_new_session=True,
+        preexec_fn=_drain_when_parent_dies,  # noqa: PLW1509 (no threads in `pgjobd dev`)
+    )
+
+
+def _drain_when_parent_dies() -> None:
+    """In the daemon child: get SIGTERM (and drain) if `pgjobd dev` is killed."""
+    if sys.platform == "linux":
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def _run(args: argparse.Namespace) -> int:
+    daemon: subprocess.Popen[bytes] | None = None
     binaries = find_binaries()
     _say(f"pgjobd dev: {binaries.version()} from {binaries.source} ({binaries.bin_dir})")
     data_dir: Path = args.data_dir if args.data_dir is not None else default_dev_dir()
@@ -106,10 +168,15 @@ def _run(args: argparse.Namespace) -> int:
         else:
             _say(f"pgjobd dev: server started on 127.0.0.1:{cluster.port} (pid {cluster.pid})")
         asyncio.run(_prepare(cluster))
+        daemon = _start_daemon(cluster, args.handlers)
         _say_ready(cluster)
-        while cluster.running:
+        while cluster.running and (daemon is None or daemon.poll() is None):
             time.sleep(0.5)
-        print(f"pgjobd dev: the server stopped; see {cluster.log_path}", file=sys.stderr)
+        if not cluster.running:
+            print(f"pgjobd dev: the server stopped; see {cluster.log_path}", file=sys.stderr)
+        else:
+            print(f"pgjobd dev: the daemon exited ({daemon.returncode if daemon else '?'})",
+                  file=sys.stderr)  # fmt: skip
         return 1
     except KeyboardInterrupt:
         return 0
@@ -117,6 +184,14 @@ def _run(args: argparse.Namespace) -> int:
         # A second Ctrl-C must not cut the shutdown short and leave a server behind.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if daemon is not None and daemon.poll() is None:
+            _say("pgjobd dev: draining the daemon")
+            daemon.send_signal(signal.SIGTERM)
+            try:
+                daemon.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait()
         if cluster.running:
             _say("pgjobd dev: stopping the server")
             cluster.stop("fast")
@@ -146,7 +221,7 @@ async def _prepare(cluster: Cluster) -> None:
         else:
             _say(f"pgjobd dev: schema {SCHEMA} is up to date")
         ids = await conn.fetchrow(_EXAMPLE_JOBS_SQL)
-        _say(f"pgjobd dev: example jobs of kind 'hello' waiting: ids {', '.join(map(str, ids))}")
+        _say(f"pgjobd dev: example jobs enqueued: ids {', '.join(map(str, ids))}")
     finally:
         await conn.close()
 
@@ -159,12 +234,12 @@ def _say_ready(cluster: Cluster) -> None:
         f"""
 Try, in another terminal:
   export PGJOBD_DSN={shlex.quote(dsn)}
-  pgjobd enqueue hello '{{"name": "you"}}'
-  pgjobd migrate --dry-run
-  {shlex.quote(psql)} "$PGJOBD_DSN" -c 'table pgjobd.job'
+  pgjobd enqueue hello '{{"name": "you"}}'          # watch the daemon's log here
+  pgjobd enqueue hello '{{"name": "soon"}}' --delay 5s
+  {shlex.quote(psql)} "$PGJOBD_DSN" -c 'table pgjobd.job_history'
+  {shlex.quote(psql)} "$PGJOBD_DSN" -c "SELECT pgjobd.enqueue('build_report')"
 
-Note: the daemon (`pgjobd run`) is not implemented yet, so jobs wait in the table.
-Press Ctrl-C to stop the server."""
+Press Ctrl-C to drain the daemon and stop the server."""
     )
 
 
