@@ -223,3 +223,23 @@ async def test_history_none_keeps_no_final_records(
 
 async def _empty(conn: asyncpg.Connection, schema: str) -> bool:
     return await conn.fetchval(f"SELECT count(*) FROM {schema}.job") == 0
+
+
+async def test_a_job_whose_lease_is_lost_is_cancelled_in_its_worker(
+    schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
+) -> None:
+    member = await start_member(daemon='lease = "1500ms"')
+    watch = {"started": str(tmp_path / "started"), "saw_cancel": str(tmp_path / "cancelled")}
+    job_id = await conn.fetchval(
+        f"SELECT {schema}.enqueue('runs_until_cancelled', $1::jsonb)", json.dumps(watch)
+    )
+    await wait_until(anyio.Path(watch["started"]).exists, what="handler started")
+
+    await conn.execute(  # another member's reaper took the job
+        f"UPDATE {schema}.job SET fence = fence + 1000, owner = 'other' WHERE id = $1", job_id
+    )
+
+    await wait_until(anyio.Path(watch["saw_cancel"]).exists, what="ctx.cancelled set")
+    await wait_until(lambda: "dropped 1 outcomes" in member.log, what="outcome dropped")
+    assert f"lease of job {job_id} lost" in member.log
+    assert await conn.fetchval(f"SELECT owner FROM {schema}.job WHERE id = $1", job_id) == "other"

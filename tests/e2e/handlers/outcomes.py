@@ -90,3 +90,18 @@ async def waits_for_gate(args: Gate) -> str:
     while not await anyio.Path(args.release).exists():  # noqa: ASYNC110 (another process)
         await anyio.sleep(0.01)
     return "released"
+
+
+class Watch(msgspec.Struct):
+    started: str
+    saw_cancel: str
+
+
+@job(timeout="60s")
+async def runs_until_cancelled(args: Watch, ctx: JobContext) -> str:
+    """Runs until ctx.cancelled is set (the job was cancelled or its lease lost)."""
+    await anyio.Path(args.started).write_text("started")
+    while not ctx.cancelled.is_set():  # noqa: ASYNC110 (a threading.Event)
+        await anyio.sleep(0.01)
+    await anyio.Path(args.saw_cancel).write_text("cancelled")
+    return "stopped"
