@@ -152,7 +152,9 @@ class Worker:
         self.queue = queue
         self.registry = registry
         self.slots = slots
-        self._contexts: dict[int, JobContext] = {}
+        # Each held job's ctx.cancelled, made when its Run arrives: a Cancel may follow
+        # before the job's task has started.
+        self._cancelled: dict[int, threading.Event] = {}
         self._deadlines: dict[int, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -180,13 +182,14 @@ class Worker:
             while not self._stopping:
                 message = await channel.receive()
                 if isinstance(message, Run):
+                    self._cancelled[message.job.id] = threading.Event()
                     task = asyncio.create_task(self._run(channel, message))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
                 elif isinstance(message, Cancel):
-                    ctx = self._contexts.get(message.job_id)
-                    if ctx is not None:
-                        ctx.cancelled.set()
+                    cancelled = self._cancelled.get(message.job_id)
+                    if cancelled is not None:
+                        cancelled.set()
                 elif isinstance(message, Stop):
                     self._stopping = True
         except asyncio.CancelledError:
@@ -228,7 +231,7 @@ class Worker:
             done = Done(job.id, job.fence, "failed", 0.0, error_class="pgjobd.WorkerError",
                         error_message=f"internal worker error: {e!r}")  # fmt: skip
         finally:
-            self._contexts.pop(job.id, None)
+            self._cancelled.pop(job.id, None)
             self._deadlines.pop(job.id, None)
         try:
             await channel.send(done)
@@ -260,8 +263,7 @@ class Worker:
         except ArgsError as e:
             return done("invalid_args", error_class="pgjobd.ArgsError", error_message=str(e))
 
-        ctx = _context(job)
-        self._contexts[job.id] = ctx
+        ctx = _context(job, self._cancelled.setdefault(job.id, threading.Event()))
         call_args = (args, ctx) if spec.takes_ctx else (args,)
         try:
             if spec.is_async:
@@ -298,7 +300,7 @@ def _being_cancelled() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-def _context(job: ClaimedJob) -> JobContext:
+def _context(job: ClaimedJob, cancelled: threading.Event) -> JobContext:
     return JobContext(
         id=job.id,
         kind=job.kind,
@@ -308,7 +310,7 @@ def _context(job: ClaimedJob) -> JobContext:
         tenant=job.tenant,
         enqueued_at=job.enqueued_at,
         scheduled_at=job.scheduled_at,
-        cancelled=threading.Event(),
+        cancelled=cancelled,
         logger=logging.getLogger("pgjobd.job"),
     )
 

@@ -15,7 +15,7 @@ import pytest
 
 from pgjobd import Client, JobSpec
 
-from .conftest import MemberProcess, wait_all_final, wait_until
+from .conftest import MemberProcess, final_records, wait_all_final, wait_until
 
 pytestmark = pytest.mark.anyio
 StartMember = Callable[..., Awaitable[MemberProcess]]
@@ -243,3 +243,22 @@ async def test_a_job_whose_lease_is_lost_is_cancelled_in_its_worker(
     await wait_until(lambda: "dropped 1 outcomes" in member.log, what="outcome dropped")
     assert f"lease of job {job_id} lost" in member.log
     assert await conn.fetchval(f"SELECT owner FROM {schema}.job WHERE id = $1", job_id) == "other"
+
+
+async def test_a_paused_queue_is_not_claimed_from_until_resumed(
+    schema: str, conn: asyncpg.Connection, start_member: StartMember
+) -> None:
+    await conn.execute(f"INSERT INTO {schema}.queue (name, paused) VALUES ('default', true)")
+    await start_member()
+    held = await conn.fetchval(f"SELECT {schema}.enqueue('echo')")
+    other = await conn.fetchval(f"SELECT {schema}.enqueue('echo', queue => 'other')")
+
+    await wait_all_final(conn, schema, 1)  # the other queue kept working meanwhile
+    assert await conn.fetchval(f"SELECT state FROM {schema}.job WHERE id = $1", held) == (
+        "available"
+    )
+    assert (await final_records(conn, schema)).keys() == {other}
+
+    await conn.execute(f"UPDATE {schema}.queue SET paused = false WHERE name = 'default'")
+    records = await wait_all_final(conn, schema, 2)
+    assert records[held]["state"] == "completed"
