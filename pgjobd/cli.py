@@ -96,8 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_arguments(p)
     p.set_defaults(command=dev.run)
 
-    # Internal: a worker process of the daemon's supervisor (pgjobd.worker).
-    p = sub.add_parser("worker", help=argparse.SUPPRESS)
+    # Internal: a worker process of the daemon's supervisor (pgjobd.worker). No help=:
+    # argparse lists only subcommands given one (help=SUPPRESS prints "==SUPPRESS==").
+    p = sub.add_parser("worker")
     worker.add_arguments(p)
     p.set_defaults(command=worker.command)
     return parser

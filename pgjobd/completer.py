@@ -21,6 +21,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from pgjobd import backoff
 from pgjobd.config import QueueConfig
 from pgjobd.errors import TRANSIENT
+from pgjobd.migrate import PARTITION_DAYS_AHEAD
 from pgjobd.model import Outcome
 from pgjobd.queries import Queries
 
@@ -84,6 +85,14 @@ class Completer:
         while True:
             try:
                 await self.flush(batch)
+            except asyncpg.CheckViolationError as e:
+                if "no partition" not in str(e):
+                    raise
+                # Today's history partition is missing (rotator behind): make it, go on.
+                log.warning("creating missing history partitions: %s", e)
+                async with self.pool.acquire() as conn:
+                    await conn.execute(self.q["partitions_ensure"], PARTITION_DAYS_AHEAD)
+                continue
             except TRANSIENT as e:
                 failures += 1
                 if self.accepting:

@@ -174,6 +174,7 @@ class Member:
 
     async def _join(self, pool: asyncpg.Pool) -> None:
         async with pool.acquire() as conn:
+            await conn.execute(self.q["partitions_ensure"], migrate.PARTITION_DAYS_AHEAD)
             await conn.execute(
                 self.q["member_join"], self.id, socket.gethostname(), os.getpid(),
                 __version__, list(self.config.queues),

@@ -32,3 +32,8 @@ SET queue = excluded.queue, priority = excluded.priority,
 WHERE (k.queue, k.priority, k.max_attempts, k.timeout_s)
       IS DISTINCT FROM (excluded.queue, excluded.priority, excluded.max_attempts,
                         excluded.timeout_s);
+
+-- name: partitions_ensure
+-- Daily job_history / job_attempt partitions from today through today + $1.
+-- $1 days ahead
+SELECT {{schema}}.partitions_ensure($1);

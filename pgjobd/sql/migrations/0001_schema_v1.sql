@@ -133,10 +133,9 @@ CREATE TABLE {{schema}}.job_attempt (
 ) PARTITION BY RANGE (failed_at);
 CREATE INDEX job_attempt_job_idx ON {{schema}}.job_attempt (job_id, attempt);
 
--- Rows that fall outside every daily partition (the rotator fell behind, or a clock
--- jumped) land here instead of failing the statement that finishes a job.
-CREATE TABLE {{schema}}.job_history_default PARTITION OF {{schema}}.job_history DEFAULT;
-CREATE TABLE {{schema}}.job_attempt_default PARTITION OF {{schema}}.job_attempt DEFAULT;
+-- No DEFAULT partition: it would forbid DETACH PARTITION CONCURRENTLY, and retention
+-- must not lock out the statements that finish jobs. Instead every migrate, every
+-- member's start and the leader's partition rotator keep days of partitions ahead.
 
 -- Creates the daily partitions of job_history and job_attempt from today (UTC) through
 -- today + days_ahead; returns how many it created. Safe to call concurrently. SECURITY

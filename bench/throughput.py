@@ -1,0 +1,821 @@
+"""Job throughput of `pgjobd run` beside a raw-SQL ceiling and the Python peers, in one run.
+
+Creates schema ``bench_throughput`` (migrated fresh) and drops it at the end. Each
+repetition runs, in this order (interleaved, so noise hits them alike):
+
+- drain rounds: N no-op jobs pre-enqueued (enqueue_many, untimed), then a real
+  ``pgjobd run`` subprocess (one member, a temp config per round: processes,
+  concurrency, history) drains them. Timed like the peers' harness: from the first
+  handler start (the handler writes ``first.<pid>``) until a 0.1 s poll finds the hot
+  table empty; the final-record count is then checked. With history "all", the exact end
+  (the last ``finished_at``) and the rates over the first and last 2,000 jobs come from
+  job_history. WAL bytes (``pg_current_wal_insert_lsn``, cluster-wide) and transactions
+  (``pg_stat_database`` commits + rollbacks of this database, minus the harness' own
+  polls) per job, from just before the daemon starts to after it exits. CPU split (in
+  cores, from /proc) over the window from the member row appearing to the end.
+- a statement-log round: the first round's config again, its sessions running with
+  ``log_min_duration_statement = 0`` (set through the DSN); the server log gives every
+  statement the member sent, with its server-side duration: the claim statement's
+  p50/p99 under load and the statements per job, by query name.
+- the raw lifecycle ceiling: two asyncpg connections, each looping pgjobd's own
+  ``job_claim`` (LIMIT 50) and ``job_complete_many`` for what it claimed, nothing else.
+- trickle: one member; jobs enqueued one at a time with ``Client.enqueue`` at ~100/s;
+  the handler records its start minus ``time.time()`` taken just before the call.
+- peers: ``bench_<peer>.py run`` of ../shared/bench/peers (drain 1 and 2 processes,
+  trickle), from the venvs that its run_all.sh creates under /tmp/peers.
+
+    /work/venv/bin/python bench/throughput.py [--reps 3] [--peers "pgqueuer oban"]
+        [--rounds 1:50:all,2:50:all,1:50:none] [--dsn DSN] [--json out.json]
+        [--profile DIR]    # one extra drain under py-spy (--subprocesses)
+
+Not a test: it prints figures and met/missed against the targets of issue 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import glob
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+
+from pgjobd.client import Client
+from pgjobd.migrate import migrate
+from pgjobd.queries import QUERY_FILES, Queries, for_schema
+from pgjobd.sql_text import named_blocks
+
+SCHEMA = "bench_throughput"
+DEFAULT_DSN = "postgresql://root@127.0.0.1:5432/test"
+HERE = Path(__file__).resolve().parent
+HANDLERS = HERE / "handlers"
+PEERS_HARNESS = HERE.parent.parent / "shared" / "bench" / "peers"
+PEERS_DIR = Path(os.environ.get("PEERS_DIR", "/tmp/peers"))
+POLL_S = 0.1  # as the peers' harness
+EDGE_JOBS = 2_000  # flatness: rate over the first and the last this many jobs
+RAW_BATCH = 50
+LEASE = timedelta(seconds=30)
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+# Targets of issue 3.
+DRAIN_JOBS_S = 8_000
+PEER_RATIO = 1.5
+RAW_RATIO = 0.28
+TRICKLE_P50_MS = 3.0
+TRICKLE_P99_MS = 5.0
+CLAIM_P99_MS = 50.0
+FLAT_RATIO = 0.8  # last-2,000 rate at least this share of the first-2,000 rate
+
+
+@dataclass(frozen=True)
+class Round:
+    processes: int
+    concurrency: int
+    history: str
+
+    @property
+    def key(self) -> str:
+        return f"p{self.processes} c{self.concurrency} {self.history}"
+
+    @classmethod
+    def parse(cls, text: str) -> Round:
+        processes, concurrency, history = text.split(":")
+        return cls(int(processes), int(concurrency), history)
+
+
+@dataclass
+class Drain:
+    seconds: float  # first handler start .. the poll sees the hot table empty
+    exact_seconds: float | None  # first handler start .. the last finished_at (history all)
+    startup_s: float  # process spawn .. first handler start
+    first_rate: float | None  # jobs/s over the first EDGE_JOBS (from finished_at)
+    last_rate: float | None
+    wal_bytes: int
+    xacts: int
+    cpu: dict[str, float]  # cores used, by role, member row seen .. end
+
+
+@dataclass
+class StatementLog:
+    statements: Counter[str] = field(default_factory=Counter)  # by query name
+    claim_ms: list[float] = field(default_factory=list)  # execute durations, server side
+    complete_ms: list[float] = field(default_factory=list)
+    claimed_rows: int = 0
+
+
+@dataclass
+class Results:
+    n: int
+    rounds: list[Round]
+    drains: dict[str, list[Drain]] = field(default_factory=dict)
+    raw: dict[str, list[float]] = field(default_factory=dict)  # jobs/s by history
+    trickle: list[dict[str, float]] = field(default_factory=list)
+    peers: list[dict[str, Any]] = field(default_factory=list)  # the harness' JSONL rows
+    statement_log: list[StatementLog] = field(default_factory=list)
+    log_drains: list[Drain] = field(default_factory=list)
+    noise: list[tuple[int, float]] = field(default_factory=list)
+
+
+# -- processes and CPU -----------------------------------------------------------------
+
+
+def proc_stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, user+system ticks) of a process, None if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = text[text.rfind(")") + 2 :].split()
+    return int(rest[1]), int(rest[11]) + int(rest[12])
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := proc_stat(int(entry))) and stat[0] == pid:
+            found.append(int(entry))
+    return found
+
+
+def postgres_pids() -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{entry}/comm").read_text().strip() == "postgres":
+                    pids.append(int(entry))
+    return pids
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(all, idle+iowait) ticks of the machine."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    return sum(fields), fields[3] + fields[4]
+
+
+@dataclass
+class CpuSnapshot:
+    at: float
+    by_pid: dict[int, int]
+    machine: tuple[int, int]
+
+
+def cpu_snapshot(pids: Iterable[int]) -> CpuSnapshot:
+    by_pid = {pid: stat[1] for pid in pids if (stat := proc_stat(pid)) is not None}
+    return CpuSnapshot(time.time(), by_pid, machine_ticks())
+
+
+def cpu_split(
+    before: CpuSnapshot, after: CpuSnapshot, roles: dict[str, list[int]]
+) -> dict[str, float]:
+    """Cores used by each role between two snapshots; 'idle' is the machine's."""
+    wall = after.at - before.at
+    split = {}
+    for role, pids in roles.items():
+        ticks = sum(after.by_pid.get(p, 0) - before.by_pid.get(p, 0) for p in pids)
+        split[role] = ticks * TICK_S / wall
+    total, idle = (a - b for a, b in zip(after.machine, before.machine, strict=True))
+    split["idle"] = (os.cpu_count() or 1) * idle / total if total else 0.0
+    return split
+
+
+class Member:
+    """One `pgjobd run` subprocess with a config of its own in `rundir`."""
+
+    def __init__(self, dsn: str, rundir: Path, rnd: Round) -> None:
+        self.rundir = rundir
+        config = rundir / "pgjobd.toml"
+        config.write_text(
+            f'[database]\nschema = "{SCHEMA}"\n\n'
+            f"[daemon]\nhandlers = [{json.dumps(str(HANDLERS))}]\n"
+            'metrics_listen = ""\nlog_format = "text"\nlog_level = "warning"\n'
+            'drain_timeout = "10s"\n\n'
+            f"[queues.default]\nconcurrency = {rnd.concurrency}\n"
+            f'processes = {rnd.processes}\nhistory = "{rnd.history}"\n'
+        )
+        env = os.environ | {"PGJOBD_DSN": dsn, "PGJOBD_BENCH_DIR": str(rundir)}
+        self.log = (rundir / "member.log").open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "pgjobd", "run", "--config", str(config)],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+        self.spawned_at = time.time()
+
+    def check_alive(self) -> None:
+        if self.process.poll() is not None:
+            tail = (self.rundir / "member.log").read_text()[-3000:]
+            raise RuntimeError(f"pgjobd run exited {self.process.returncode}:\n{tail}")
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM (drain), SIGKILL after timeout_s; the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()  # our own child, by pid
+            code = self.process.wait()
+        self.log.close()
+        return code
+
+    def first_start(self) -> float:
+        starts = [float(Path(f).read_text()) for f in glob.glob(f"{self.rundir}/first.*")]
+        if not starts:
+            raise RuntimeError("no handler start recorded")
+        return min(starts)
+
+    def latencies_ms(self) -> list[float]:
+        return [
+            float(line.split()[1]) * 1000
+            for f in glob.glob(f"{self.rundir}/lat.*")
+            for line in Path(f).read_text().splitlines()
+        ]
+
+
+@contextlib.asynccontextmanager
+async def member(dsn: str, rnd: Round, prefix: str) -> AsyncIterator[Member]:
+    with tempfile.TemporaryDirectory(prefix=f"pgjobd_{prefix}_") as rundir:
+        running = Member(dsn, Path(rundir), rnd)
+        try:
+            yield running
+        finally:
+            code = running.stop()
+        if code != 0:
+            tail = (Path(rundir) / "member.log").read_text()[-3000:]
+            raise RuntimeError(f"pgjobd run exited {code} after SIGTERM:\n{tail}")
+
+
+# -- database --------------------------------------------------------------------------
+
+
+class Harness:
+    """The harness' own sessions: admin (setup, counts) and poller (counted polls)."""
+
+    def __init__(self, dsn: str, admin: asyncpg.Connection, poller: asyncpg.Connection) -> None:
+        self.dsn = dsn
+        self.admin = admin
+        self.poller = poller
+        self.polls = 0
+        self.t = f"{SCHEMA}.job"
+
+    async def reset_and_enqueue(self, client: Client, n: int, kind: str = "bench_noop") -> None:
+        await self.admin.execute(
+            f"TRUNCATE {SCHEMA}.job, {SCHEMA}.job_history, {SCHEMA}.job_attempt"
+        )
+        for start in range(0, n, 10_000):
+            await client.enqueue_many(
+                [(kind, {"i": i}) for i in range(start, min(n, start + 10_000))]
+            )
+        if (count := await self.admin.fetchval(f"SELECT count(*) FROM {self.t}")) != n:
+            raise RuntimeError(f"expected {n} jobs enqueued, found {count}")
+        await self.admin.execute(f"ANALYZE {self.t}")
+
+    async def poll(self, sql: str, done: Callable[[Any], bool], running: Member,
+                   interval_s: float = POLL_S, timeout_s: float = 300.0) -> float:  # fmt: skip
+        """Poll sql on the poller session until done(value); the wall time it was seen."""
+        deadline = time.time() + timeout_s
+        while True:
+            value = await self.poller.fetchval(sql)
+            self.polls += 1
+            now = time.time()
+            if done(value):
+                return now
+            running.check_alive()
+            if now > deadline:
+                raise TimeoutError(f"{sql!r} -> {value} after {timeout_s}s")
+            await asyncio.sleep(interval_s)
+
+    async def xacts(self) -> int:
+        await self.admin.execute("SELECT pg_stat_clear_snapshot()")
+        value: int = await self.admin.fetchval(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+            "WHERE datname = current_database()"
+        )
+        return value
+
+    async def wal_lsn(self) -> str:
+        lsn: str = await self.admin.fetchval("SELECT pg_current_wal_insert_lsn()::text")
+        return lsn
+
+    async def wal_since(self, lsn: str) -> int:
+        diff = await self.admin.fetchval(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::text::pg_lsn)", lsn
+        )
+        return int(diff)
+
+    async def backend_pids(self) -> list[int]:
+        rows = await self.admin.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'pgjobd%' "
+            "AND datname = current_database()"
+        )
+        return [row["pid"] for row in rows]
+
+
+# -- measurements ----------------------------------------------------------------------
+
+
+async def drain(h: Harness, client: Client, rnd: Round, n: int, *, dsn: str | None = None,
+                prefix: str = "drain", on_ready: Callable[[Member], None] | None = None,
+                ) -> Drain:  # fmt: skip
+    await h.reset_and_enqueue(client, n)
+    await asyncio.sleep(1.2)  # idle sessions report their transaction counts within 1 s
+    xacts_before, polls_before = await h.xacts(), h.polls
+    lsn = await h.wal_lsn()
+    async with member(dsn or h.dsn, rnd, prefix) as running:
+        if on_ready is not None:
+            on_ready(running)
+        # The member row appears once the workers are ready, just before claiming starts.
+        await h.poll(f"SELECT count(*) FROM {SCHEMA}.member", lambda v: v > 0, running, 0.01)
+        supervisor = running.process.pid
+        workers = children_of(supervisor)
+        backends = await h.backend_pids()
+        pg_all = postgres_pids()
+        roles = {"supervisor": [supervisor], "workers": workers, "pg member": backends,
+                 "pg other": [p for p in pg_all if p not in backends]}  # fmt: skip
+        watched = [supervisor, *workers, *pg_all]
+        before = cpu_snapshot(watched)
+        done_at = await h.poll(
+            f"SELECT count(*) FROM (SELECT 1 FROM {h.t} LIMIT 1) AS s", lambda v: v == 0, running
+        )
+        cpu = cpu_split(before, cpu_snapshot(watched), roles)
+        first = running.first_start()
+    wal = await h.wal_since(lsn)
+    await asyncio.sleep(1.2)  # idle backends report their transaction counts within 1 s
+    xacts = await h.xacts() - xacts_before - (h.polls - polls_before)
+    kept = await h.admin.fetchval(f"SELECT count(*) FROM {SCHEMA}.job_history")
+    attempts = await h.admin.fetchval(f"SELECT count(*) FROM {SCHEMA}.job_attempt")
+    left = await h.admin.fetchval(f"SELECT count(*) FROM {h.t}")
+    if left or attempts or kept != (n if rnd.history == "all" else 0):
+        raise RuntimeError(f"{rnd.key}: {left} jobs left, {attempts} failed attempts, "
+                           f"{kept} final records for {n} jobs")  # fmt: skip
+    exact = first_rate = last_rate = None
+    if rnd.history == "all":
+        ends = [row[0] for row in await h.admin.fetch(
+            f"SELECT extract(epoch FROM finished_at)::float8 FROM {SCHEMA}.job_history "
+            "ORDER BY finished_at")]  # fmt: skip
+        exact = ends[-1] - first
+        edge = min(EDGE_JOBS, n // 4)
+        first_rate = edge / (ends[edge - 1] - first)
+        last_rate = edge / (ends[-1] - ends[-edge - 1])
+    return Drain(done_at - first, exact, first - running.spawned_at, first_rate, last_rate,
+                 wal, xacts, cpu)  # fmt: skip
+
+
+async def raw_lifecycle(h: Harness, client: Client, q: Queries, n: int, keep: bool) -> float:
+    """Two sessions, each looping job_claim (LIMIT 50) and job_complete_many: jobs/s."""
+    await h.reset_and_enqueue(client, n)
+    conns = [await asyncpg.connect(h.dsn) for _ in range(2)]
+    claim, complete = q["job_claim"], q["job_complete_many"]
+
+    async def loop(conn: asyncpg.Connection) -> int:
+        finished = 0
+        while rows := await conn.fetch(claim, "default", RAW_BATCH, "bench-raw", LEASE):
+            await conn.fetch(complete, [r["id"] for r in rows], [r["fence"] for r in rows],
+                             [None] * len(rows), [keep] * len(rows))  # fmt: skip
+            finished += len(rows)
+        return finished
+
+    try:
+        for conn in conns:  # prepare both statements outside the timing
+            await conn.fetch(claim, "no_such_queue", 1, "bench-raw", LEASE)
+            await conn.fetch(complete, [], [], [], [])
+        started = time.perf_counter()
+        finished = sum(await asyncio.gather(*(loop(c) for c in conns)))
+        seconds = time.perf_counter() - started
+    finally:
+        for conn in conns:
+            await conn.close()
+    kept = await h.admin.fetchval(f"SELECT count(*) FROM {SCHEMA}.job_history")
+    if finished != n or kept != (n if keep else 0):
+        raise RuntimeError(f"raw lifecycle: {finished} finished, {kept} kept of {n}")
+    return n / seconds
+
+
+async def trickle(h: Harness, client: Client, count: int, rate: float) -> dict[str, float]:
+    await h.admin.execute(f"TRUNCATE {SCHEMA}.job, {SCHEMA}.job_history, {SCHEMA}.job_attempt")
+    history = f"SELECT count(*) FROM {SCHEMA}.job_history"
+    async with member(h.dsn, Round(1, 50, "all"), "trickle") as running:
+        await h.poll(f"SELECT count(*) FROM {SCHEMA}.member", lambda v: v > 0, running, 0.01)
+        await client.enqueue("bench_latency", {"i": -1})  # warm-up: no "t", not recorded
+        await h.poll(history, lambda v: v >= 1, running)
+        await asyncio.sleep(0.5)
+        started = time.perf_counter()
+        for k in range(count):
+            delay = started + k / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await client.enqueue("bench_latency", {"i": k, "t": time.time()})
+        achieved = count / (time.perf_counter() - started)
+        await h.poll(history, lambda v: v >= count + 1, running)
+        ms = running.latencies_ms()
+    if len(ms) != count:
+        raise RuntimeError(f"trickle: {len(ms)} latencies recorded for {count} jobs")
+    return {"p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "max_ms": max(ms),
+            "rate": achieved}  # fmt: skip
+
+
+_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\S* \S+ \[(\d+)\]")
+_DURATION = re.compile(r"LOG:\s+duration: ([0-9.]+) ms\s+(parse|bind|execute|statement)[^:]*: ?")
+
+
+def read_statement_log(text: str, q: Queries) -> StatementLog:
+    """The member's statements in a server log excerpt (only its sessions log them)."""
+    names = {" ".join(q[name].split()): name
+             for file in QUERY_FILES for name in named_blocks(file)}  # fmt: skip
+    entries: list[tuple[int, str, float, list[str]]] = []  # pid, step, ms, text lines
+    for line in text.splitlines():
+        prefix = _LOG_LINE.match(line)
+        if prefix is None:
+            if entries:
+                entries[-1][3].append(line)
+            continue
+        found = _DURATION.search(line)
+        if found is None:
+            entries.append((0, "", 0.0, []))  # another message: ends the previous text
+            continue
+        entries.append((int(prefix.group(1)), found.group(2), float(found.group(1)),
+                        [line[found.end():]]))  # fmt: skip
+    log = StatementLog()
+    for pid, step, ms, lines in entries:
+        if step not in ("execute", "statement") or not pid:
+            continue
+        statement = " ".join(" ".join(lines).split()).rstrip(";")
+        name = names.get(statement) or (
+            "asyncpg pool reset on release" if "pg_advisory_unlock_all()" in statement
+            else "other: " + statement[:60]
+        )  # fmt: skip
+        log.statements[name] += 1
+        if name == "job_claim":
+            log.claim_ms.append(ms)
+        elif name == "job_complete_many":
+            log.complete_ms.append(ms)
+    return log
+
+
+async def logged_drain(h: Harness, client: Client, rnd: Round, n: int, *, server_log: Path,
+                       q: Queries) -> tuple[Drain, StatementLog] | None:  # fmt: skip
+    """A drain whose member sessions log every statement with its duration."""
+    try:
+        offset = len(read_from(server_log, 0))  # readable at all?
+    except OSError as e:
+        print(f"statement log: server log {server_log} not readable ({e}): claim p99 n/a")
+        return None
+    separator = "&" if urlsplit(h.dsn).query else "?"
+    dsn = f"{h.dsn}{separator}log_min_duration_statement=0"
+    result = await drain(h, client, rnd, n, dsn=dsn, prefix="logged")
+    return result, read_statement_log(read_from(server_log, offset), q)
+
+
+def read_from(path: Path, offset: int) -> str:
+    with path.open("rb") as f:
+        f.seek(offset)
+        return f.read().decode("utf-8", "replace")
+
+
+def run_peer(peer: str, rep: int, n: int, out: Path, dsn: str) -> None:
+    python = PEERS_DIR / peer / "bin" / "python"
+    script = PEERS_HARNESS / f"bench_{peer}.py"
+    if not python.exists() or not script.exists():
+        print(f"peer {peer}: no {python} or {script}; create the venvs with "
+              f"{PEERS_HARNESS / 'run_all.sh'} first")  # fmt: skip
+        return
+    url = urlsplit(dsn)
+    env = os.environ | {"PGHOST": url.hostname or "127.0.0.1", "PGPORT": str(url.port or 5432),
+                        "PGUSER": url.username or "root",
+                        "BENCH_ADMIN_DB": url.path.lstrip("/") or "test"}  # fmt: skip
+    fresh = ["--fresh-db"] if rep == 1 else []
+    command = [str(python), str(script), "run", "--rep", str(rep), "--n", str(n), "--out", str(out)]
+    done = subprocess.run([*command, *fresh], env=env, check=False, cwd=PEERS_HARNESS)
+    if done.returncode:
+        print(f"peer {peer} rep {rep} failed: exit {done.returncode}")
+
+
+def drop_peer_db(peer: str) -> None:
+    python = PEERS_DIR / peer / "bin" / "python"
+    if python.exists():
+        script = str(PEERS_HARNESS / f"bench_{peer}.py")
+        subprocess.run([str(python), script, "dropdb"], check=False, cwd=PEERS_HARNESS)
+
+
+# -- profile -----------------------------------------------------------------------------
+
+
+async def profiled_drain(h: Harness, client: Client, rnd: Round, n: int, out_dir: Path) -> None:
+    """One drain with py-spy attached to the member and its workers: flame graph + top."""
+    os.makedirs(out_dir, exist_ok=True)
+    spies: list[subprocess.Popen[bytes]] = []
+    py_spy = Path(sys.executable).with_name("py-spy")
+
+    def attach(running: Member) -> None:
+        for fmt, name in (("raw", "member.txt"), ("flamegraph", "member.svg")):
+            spies.append(subprocess.Popen(
+                [str(py_spy), "record", "--subprocesses", "--rate", "250", "--format", fmt,
+                 "--output", str(out_dir / name), "--pid", str(running.process.pid)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+
+    result = await drain(h, client, rnd, n, prefix="profiled", on_ready=attach)
+    for spy in spies:
+        try:
+            spy.wait(20)
+        except subprocess.TimeoutExpired:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(10)
+    print(f"\nprofiled drain ({rnd.key}, py-spy --rate 250 attached, so slower): "
+          f"{n / result.seconds:,.0f} jobs/s; CPU cores: {fmt_cpu(result.cpu)}")  # fmt: skip
+    with contextlib.suppress(OSError):
+        print(summarise_profile(read_from(out_dir / "member.txt", 0)))
+    print(f"flame graph: {out_dir / 'member.svg'}")
+
+
+def summarise_profile(collapsed: str, top: int = 12) -> str:
+    """Per process: samples, and the pgjobd/asyncpg/anyio frames with most inclusive time."""
+    per_process: dict[str, Counter[str]] = {}
+    totals: Counter[str] = Counter()
+    for line in collapsed.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        frames = stack.split(";")
+        process = frames[0]
+        totals[process] += int(count_text)
+        seen = set()
+        for frame in frames[1:]:
+            interesting = any(s in frame for s in ("pgjobd/", "asyncpg", "anyio", "msgspec"))
+            if interesting and frame not in seen:
+                seen.add(frame)
+                per_process.setdefault(process, Counter())[frame] += int(count_text)
+    lines = []
+    for process, total in totals.most_common():
+        lines.append(f"  {process}: {total} samples")
+        for frame, count in per_process.get(process, Counter()).most_common(top):
+            lines.append(f"    {count / total:6.1%} {frame}")
+    return "\n".join(lines)
+
+
+# -- report ------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Linear interpolation between closest ranks, as the peers' harness (common.pct)."""
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * p / 100
+    low = int(k)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
+
+
+def spread(values: list[float], fmt: str = ",.0f") -> str:
+    if not values:
+        return "n/a"
+    if len(values) == 1:
+        return f"{values[0]:{fmt}}"
+    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}–{max(values):{fmt}})"
+
+
+def fmt_cpu(cpu: dict[str, float]) -> str:
+    return " ".join(f"{role} {cores:.2f}" for role, cores in cpu.items())
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def best_peer(r: Results) -> tuple[str, list[float]]:
+    """The peer drain (name, processes) with the best median, and its rates by rep."""
+    by: dict[str, dict[int, float]] = {}
+    for row in r.peers:
+        if row["kind"].startswith("drain"):
+            by.setdefault(f"{row['peer']} {row['kind']}", {})[row["rep"]] = row["drain_jobs_s"]
+    if not by:
+        return "none", []
+    name = max(by, key=lambda k: statistics.median(by[k].values()))
+    return name, [by[name][rep] for rep in sorted(by[name])]
+
+
+def paired(mine: list[float], base: list[float]) -> list[float]:
+    return [a / b for a, b in zip(mine, base, strict=False) if b]
+
+
+def report(r: Results) -> None:
+    peer_name, peer_rates = best_peer(r)
+    raw_all = r.raw.get("all", [])
+    print(f"\n{'measurement':<34} {'jobs/s median (min–max)':>25} {'exact end':>8} "
+          f"{'first/last 2k':>15} {'WAL B/job':>9} {'xact/job':>8} {'start s':>7}  "
+          f"ratios (paired per rep)")  # fmt: skip
+    for rnd in r.rounds:
+        drains = r.drains[rnd.key]
+        rates = [r.n / d.seconds for d in drains]
+        exact = [r.n / d.exact_seconds for d in drains if d.exact_seconds]
+        edges = [(d.first_rate, d.last_rate) for d in drains if d.first_rate and d.last_rate]
+        edge = (f"{statistics.median(f for f, _ in edges):,.0f}/"
+                f"{statistics.median(la for _, la in edges):,.0f}") if edges else "n/a"  # fmt: skip
+        print(
+            f"drain {rnd.key:<28} {spread(rates):>25} "
+            f"{f'{statistics.median(exact):,.0f}' if exact else 'n/a':>8} {edge:>15} "
+            f"{statistics.median(d.wal_bytes for d in drains) / r.n:>9,.0f} "
+            f"{statistics.median(d.xacts for d in drains) / r.n:>8.3f} "
+            f"{statistics.median(d.startup_s for d in drains):>7.2f}  "
+            f"{spread(paired(rates, peer_rates), '.2f')} of {peer_name}; "
+            f"{spread(paired(rates, raw_all), '.2f')} of raw (all)"
+        )
+    for history, rates in r.raw.items():
+        print(f"{'raw lifecycle, 2 loops × 50, ' + history:<40} {spread(rates):>25}")
+    for log_drain in r.log_drains:
+        print(f"{'drain, statements logged (' + r.rounds[0].key + ')':<40} "
+              f"{r.n / log_drain.seconds:>25,.0f}")  # fmt: skip
+    if r.trickle:
+        print(f"{'trickle p50 / p99 / max ms':<34} "
+              f"{spread([t['p50_ms'] for t in r.trickle], '.2f'):>25} / "
+              f"{spread([t['p99_ms'] for t in r.trickle], '.2f')} / "
+              f"{spread([t['max_ms'] for t in r.trickle], '.1f')}  (at "
+              f"{statistics.median(t['rate'] for t in r.trickle):.0f}/s)")  # fmt: skip
+    peers: dict[str, list[float]] = {}
+    for row in r.peers:
+        if row["kind"].startswith("drain"):
+            peers.setdefault(f"{row['peer']} {row['kind']}", []).append(row["drain_jobs_s"])
+        elif row["kind"] == "trickle":
+            peers.setdefault(f"{row['peer']} trickle p50 ms", []).append(row["lat_p50_ms"])
+            peers.setdefault(f"{row['peer']} trickle p99 ms", []).append(row["lat_p99_ms"])
+    for name, values in peers.items():
+        print(f"{'peer ' + name:<34} {spread(values, '.2f' if 'ms' in name else ',.0f'):>25}")
+    print("\nCPU, cores used from the member row appearing to the end (median over reps; "
+          f"{os.cpu_count()} cores):")  # fmt: skip
+    for rnd in r.rounds:
+        drains = r.drains[rnd.key]
+        print(f"  {rnd.key:<16} " + fmt_cpu({role: statistics.median(d.cpu[role] for d in drains)
+                                            for role in drains[0].cpu}))  # fmt: skip
+    claim_p99: float | None = None
+    if r.statement_log:
+        log = r.statement_log[0]
+        claims = [ms for s in r.statement_log for ms in s.claim_ms]
+        completes = [ms for s in r.statement_log for ms in s.complete_ms]
+        claim_p99 = percentile(claims, 99) if claims else None
+        total = sum(log.statements.values())
+        print(f"\nstatement log ({r.rounds[0].key}, {len(r.statement_log)} run(s), server-side "
+              f"execute time): job_claim n={len(claims)} p50 {percentile(claims, 50):.2f} ms "
+              f"p99 {claim_p99 or 0:.2f} ms max {max(claims, default=0):.2f} ms; "
+              f"job_complete_many n={len(completes)} p50 {percentile(completes, 50):.2f} ms "
+              f"p99 {percentile(completes, 99):.2f} ms")  # fmt: skip
+        print(
+            f"  statements per job {total / r.n:.3f} (first run, {total} in all): "
+            + ", ".join(f"{name} {count}" for name, count in log.statements.most_common(8))
+        )
+    else:
+        print("\nclaim p99: n/a (no statement log)")
+    print("pg_stat_statements: n/a (not in shared_preload_libraries; the server is not "
+          "reconfigured)")  # fmt: skip
+
+    # targets
+    def median_rate(rnd: Round) -> float:
+        return statistics.median(r.n / d.seconds for d in r.drains[rnd.key])
+
+    best = max((rnd for rnd in r.rounds if rnd.history == "all"), key=median_rate)
+    rates = [r.n / d.seconds for d in r.drains[best.key]]
+    drain_jobs_s = statistics.median(rates)
+    lines = [
+        (f"drain ≥ {DRAIN_JOBS_S:,}/s (best history=all round, {best.key})",
+         f"{drain_jobs_s:,.0f}", drain_jobs_s >= DRAIN_JOBS_S),
+    ]  # fmt: skip
+    if peer_rates:
+        ratio = statistics.median(paired(rates, peer_rates))
+        lines.append((f"drain ≥ {PEER_RATIO}× best peer ({peer_name})", f"{ratio:.2f}×",
+                      ratio >= PEER_RATIO))  # fmt: skip
+    if raw_all:
+        ratio = statistics.median(paired(rates, raw_all))
+        lines.append((f"drain ≥ {RAW_RATIO} of raw lifecycle ceiling", f"{ratio:.2f}",
+                      ratio >= RAW_RATIO))  # fmt: skip
+    if r.trickle:
+        p50 = statistics.median(t["p50_ms"] for t in r.trickle)
+        p99 = statistics.median(t["p99_ms"] for t in r.trickle)
+        lines.append((f"trickle p50 ≤ {TRICKLE_P50_MS} ms", f"{p50:.2f}", p50 <= TRICKLE_P50_MS))
+        lines.append((f"trickle p99 ≤ {TRICKLE_P99_MS} ms", f"{p99:.2f}", p99 <= TRICKLE_P99_MS))
+    if claim_p99 is not None:
+        lines.append((f"claim p99 < {CLAIM_P99_MS:g} ms", f"{claim_p99:.2f}",
+                      claim_p99 < CLAIM_P99_MS))  # fmt: skip
+    edges = [
+        (d.first_rate, d.last_rate) for d in r.drains[best.key] if d.first_rate and d.last_rate
+    ]
+    if edges:
+        flat = statistics.median(last / first for first, last in edges)
+        lines.append((f"flat: last/first {EDGE_JOBS:,} jobs ≥ {FLAT_RATIO}", f"{flat:.2f}",
+                      flat >= FLAT_RATIO))  # fmt: skip
+    print("\ntargets (issue 3):")
+    for label, value, ok in lines:
+        print(f"  {label:<52} {value:>9}  {verdict(ok)}")
+    print(f"noise: other active client backends per rep {[a for a, _ in r.noise]}, "
+          f"1-min load average per rep {[round(x, 2) for _, x in r.noise]}")  # fmt: skip
+
+
+# -- main --------------------------------------------------------------------------------
+
+
+async def main(args: argparse.Namespace) -> Results:
+    rounds = [Round.parse(text) for text in args.rounds.split(",")]
+    results = Results(args.n, rounds, drains={rnd.key: [] for rnd in rounds})
+    q = for_schema(SCHEMA)
+    admin = await asyncpg.connect(args.dsn)
+    await admin.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    peers_out = Path(tempfile.mkstemp(prefix="peers_", suffix=".jsonl")[1])
+    try:
+        await migrate(admin, SCHEMA)
+        poller = await asyncpg.connect(args.dsn, server_settings={"enable_seqscan": "off"})
+        client = await Client.connect(args.dsn, schema=SCHEMA, max_size=2)
+        h = Harness(args.dsn, admin, poller)
+        major = admin.get_server_version().major
+        server_log = Path(args.pg_log or f"/var/log/postgresql/postgresql-{major}-main.log")
+        try:
+            await drain(h, client, rounds[0], 2_000, prefix="warmup")
+            for rep in range(1, args.reps + 1):
+                results.noise.append((await admin.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = "
+                    "'client backend' AND state <> 'idle' AND pid <> pg_backend_pid()"),
+                    os.getloadavg()[0]))  # fmt: skip
+                for rnd in rounds:
+                    d = await drain(h, client, rnd, args.n)
+                    results.drains[rnd.key].append(d)
+                    print(f"rep {rep} drain {rnd.key}: {args.n / d.seconds:,.0f} jobs/s",
+                          flush=True)  # fmt: skip
+                logged = await logged_drain(
+                    h, client, rounds[0], args.n, server_log=server_log, q=q
+                )
+                if logged is not None:
+                    results.log_drains.append(logged[0])
+                    results.statement_log.append(logged[1])
+                for history, keep in (("all", True), ("none", False)):
+                    rate = await raw_lifecycle(h, client, q, args.n, keep)
+                    results.raw.setdefault(history, []).append(rate)
+                    print(f"rep {rep} raw lifecycle {history}: {rate:,.0f} jobs/s", flush=True)
+                if args.trickle:
+                    t = await trickle(h, client, args.trickle, args.trickle_rate)
+                    results.trickle.append(t)
+                    print(f"rep {rep} trickle: p50 {t['p50_ms']:.2f} p99 {t['p99_ms']:.2f} ms",
+                          flush=True)  # fmt: skip
+                for peer in args.peers.split():
+                    run_peer(peer, rep, args.n, peers_out, args.dsn)
+            results.peers = [json.loads(line) for line in read_from(peers_out, 0).splitlines()]
+            report(results)
+            if args.profile:
+                await profiled_drain(h, client, rounds[0], args.n, Path(args.profile))
+        finally:
+            await client.close()
+            await poller.close()
+            for peer in args.peers.split():
+                drop_peer_db(peer)
+        return results
+    finally:
+        os.unlink(peers_out)
+        await admin.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        await admin.close()
+
+
+def code_state() -> str:
+    def git(*args: str) -> str:
+        run = subprocess.run(["git", "-C", str(HERE), *args], check=False, capture_output=True)
+        return run.stdout.decode().strip()
+
+    dirty = git("status", "--porcelain", "--", "../pgjobd").splitlines()
+    return f"head {git('rev-parse', '--short', 'HEAD')}, dirty files under pgjobd/: {len(dirty)}"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dsn", default=os.environ.get("PGJOBD_DSN", DEFAULT_DSN))
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--n", type=int, default=20_000, help="jobs per drain")
+    parser.add_argument("--rounds", default="1:50:all,2:50:all,1:50:none,1:20:all,1:100:all",
+                        help="processes:concurrency:history per drain round; the first "
+                        "is also the statement-log and profile round")  # fmt: skip
+    parser.add_argument("--trickle", type=int, default=200, help="jobs; 0 skips")
+    parser.add_argument("--trickle-rate", type=float, default=100.0)
+    parser.add_argument("--peers", default="pgqueuer",
+                        help='peers to run from the harness, e.g. "procrastinate pgqueuer '
+                        'chancy oban"; "" for none')  # fmt: skip
+    parser.add_argument("--pg-log", help="the server's log file (default: Debian's path)")
+    parser.add_argument("--profile", metavar="DIR", help="one extra drain under py-spy")
+    parser.add_argument("--json", help="write the raw figures to this file")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    print(f"pgjobd code: {code_state()}", flush=True)
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        measured = runner.run(main(arguments))
+    if arguments.json:
+        with open(arguments.json, "w") as out:
+            json.dump(asdict(measured), out, indent=1, default=str)

@@ -1,0 +1,86 @@
+"""The worker process on its own, driven over its pipes as the supervisor would."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from anyio.abc import Process
+
+from pgjobd.protocol import Channel, Done, Ready, Run, Stop, ToParent
+
+from .handlers_source import SOURCE
+from .test_supervisor import WAIT_S, handler_dir, make_job
+
+pytestmark = pytest.mark.anyio
+
+
+async def start_worker(tmp_path: Path) -> tuple[Process, Channel[ToParent], Ready]:
+    directory = handler_dir(tmp_path, {"jobs.py": SOURCE})
+    command = [sys.executable, "-m", "pgjobd", "worker", "--queue", "default",
+               "--handler-dir", str(directory), "--slots", "2"]  # fmt: skip
+    process = await anyio.open_process(command, stderr=None)
+    assert process.stdin is not None and process.stdout is not None
+    channel: Channel[ToParent] = Channel(process.stdin, process.stdout, ToParent)
+    with anyio.fail_after(WAIT_S):
+        ready = await channel.receive()
+    assert isinstance(ready, Ready) and ready.pid == process.pid
+    return process, channel, ready
+
+
+async def test_orphaned_worker_finishes_its_job_then_exits_0(tmp_path: Path) -> None:
+    process, channel, _ = await start_worker(tmp_path)
+    flag = tmp_path / "go"
+    job = make_job("wait_file", {"path": str(flag)})
+    async with process:
+        await channel.send(Run(job=job, timeout_s=30))
+        assert process.stdin is not None
+        await process.stdin.aclose()  # the supervisor is gone
+        flag.touch()
+        with anyio.fail_after(WAIT_S):
+            done = await channel.receive()
+            assert isinstance(done, Done)
+            assert (done.job_id, done.fence, done.kind) == (job.id, job.fence, "completed")
+            assert await process.wait() == 0
+
+
+async def test_stop_finishes_what_it_holds_then_exits_0(tmp_path: Path) -> None:
+    process, channel, _ = await start_worker(tmp_path)
+    job = make_job("printer")
+    async with process:
+        await channel.send(Run(job=job, timeout_s=30))
+        await channel.send(Stop())
+        with anyio.fail_after(WAIT_S):
+            done = await channel.receive()
+            assert isinstance(done, Done) and done.result == b'"printed"'
+            with pytest.raises(anyio.EndOfStream):
+                await channel.receive()
+            assert await process.wait() == 0
+
+
+async def test_import_failure_exits_3(tmp_path: Path) -> None:
+    directory = handler_dir(tmp_path, {"bad.py": "import no_such_module_here\n"})
+    command = [sys.executable, "-m", "pgjobd", "worker", "--queue", "default",
+               "--handler-dir", str(directory), "--slots", "1"]  # fmt: skip
+    with anyio.fail_after(WAIT_S):
+        result = await anyio.run_process(command, check=False)
+    assert result.returncode == 3
+    assert b"bad.py" in result.stderr and b"no_such_module_here" in result.stderr
+
+
+async def test_sigterm_is_a_stop_and_sigint_is_ignored(tmp_path: Path) -> None:
+    process, channel, _ = await start_worker(tmp_path)
+    flag = tmp_path / "go"
+    job = make_job("wait_file", {"path": str(flag)})
+    async with process:
+        await channel.send(Run(job=job, timeout_s=30))
+        process.send_signal(signal.SIGINT)  # a terminal's Ctrl-C: the parent decides
+        process.send_signal(signal.SIGTERM)
+        flag.touch()
+        with anyio.fail_after(WAIT_S):
+            done = await channel.receive()
+            assert isinstance(done, Done) and done.kind == "completed"
+            assert await process.wait() == 0
