@@ -231,6 +231,15 @@ def _default_queues() -> dict[str, QueueConfig]:
     return {DEFAULT_QUEUE: QueueConfig()}
 
 
+class RetentionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    # Whole days of job_history / job_attempt partitions to keep; older ones are dropped.
+    history: Duration = Duration(days=7)
+
+    def __post_init__(self) -> None:
+        if self.history < Duration(days=1):
+            raise FieldProblem("history", 'must be at least "1d": partitions are whole days')
+
+
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """A whole configuration, with relative paths resolved against the file's directory.
 
@@ -243,6 +252,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     daemon: DaemonConfig = msgspec.field(default_factory=DaemonConfig)
     queues: dict[str, QueueConfig] = msgspec.field(default_factory=_default_queues)
     cron: tuple[CronEntry, ...] = ()
+    retention: RetentionConfig = msgspec.field(default_factory=RetentionConfig)
     source: Path | None = None
     dsn: str | None = None
     dsn_source: str | None = None
@@ -366,7 +376,7 @@ class _Reader:
         return ConfigError(f"{self.path}: {where}: {message}")
 
     def config(self, data: dict[str, Any]) -> Config:
-        known = ("cron", "daemon", "database", "queues")
+        known = ("cron", "daemon", "database", "queues", "retention")
         for key in data:
             if key not in known:
                 raise self.fail(_toml_key(key), _unknown_key_message(key, known))
@@ -377,6 +387,7 @@ class _Reader:
             daemon=daemon,
             queues=self.queues(data.get("queues", {})),
             cron=self.cron(data.get("cron", [])),
+            retention=self.convert(data.get("retention", {}), RetentionConfig, "retention"),
             source=self.path,
         )
         config = _resolve_paths(config, self.path.absolute().parent)

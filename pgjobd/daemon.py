@@ -5,11 +5,13 @@ flight can always be recorded):
 
   services   completer, LISTEN session, presence heartbeat, lease keeper
   workers    one WorkerPool per queue (the subprocesses)
-  intake     one producer per queue, and the promoter of due jobs
+  intake     one producer per queue, the promoter of due jobs, and the leader elector
+             with the roles it runs while this member leads
 
 SIGTERM/SIGINT drains: intake stops at once; jobs in flight get until drain_timeout;
 what is still running then is given back (available again, attempt not charged); the
 member leaves the fleet and the process exits 0. A second signal gives back at once.
+Leadership is released as the drain starts, so another member takes over at once.
 """
 
 from __future__ import annotations
@@ -30,10 +32,14 @@ from pgjobd import __version__, backoff, db, migrate
 from pgjobd.completer import Completer
 from pgjobd.config import DEFAULT_QUEUE, Config, QueueConfig
 from pgjobd.errors import TRANSIENT, ConfigError, PgjobdError, SchemaError
+from pgjobd.leader import Elector, Leadership
 from pgjobd.model import KindInfo, Outcome
 from pgjobd.notifier import Notifier
 from pgjobd.producer import Producer
 from pgjobd.queries import Queries, for_schema
+from pgjobd.roles.partitions import PartitionRotator
+from pgjobd.roles.reaper import Reaper
+from pgjobd.roles.runner import RoleRunner
 from pgjobd.supervisor import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -55,6 +61,7 @@ class Member:
         self.id = new_member_id()
         self.q: Queries = for_schema(config.database.schema)
         self.ready = anyio.Event()
+        self.roles: RoleRunner | None = None
         self.draining = False
         self._stop_now = anyio.Event()
 
@@ -86,6 +93,7 @@ class Member:
             async with anyio.create_task_group() as pools:
                 kinds: list[KindInfo] = []
                 for worker_pool in workers.values():
+                    # Every pool loads the same handler directories: same kinds.
                     kinds = await pools.start(worker_pool.run)
                 await self._declare(pool, kinds)
                 await self._join(pool)
@@ -100,6 +108,13 @@ class Member:
                         )  # fmt: skip
                         intake.start_soon(producer.run)
                     intake.start_soon(self._promote_due, pool)
+                    changes, heard = anyio.create_memory_object_stream[Leadership](16)
+                    self.roles = RoleRunner(
+                        pool, queries=self.q, config=self.config, member_id=self.id,
+                        roles=[Reaper(), PartitionRotator()], changes=heard,
+                    )  # fmt: skip
+                    intake.start_soon(self.roles.run)
+                    intake.start_soon(Elector(self.config, self.q, self.id, changes).run)
                     intake.start_soon(self._watch_signals, intake)
                     self.ready.set()
                     log.info(

@@ -89,6 +89,8 @@ async def pid(args: dict) -> int:
 @job
 async def wait_file(args: dict) -> int:
     """Returns this process's pid once the file args["path"] exists."""
+    if "started" in args:
+        Path(args["started"]).touch()
     path = Path(args["path"])
     while not path.exists():
         await asyncio.sleep(0.01)

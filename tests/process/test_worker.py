@@ -73,10 +73,13 @@ async def test_import_failure_exits_3(tmp_path: Path) -> None:
 
 async def test_sigterm_is_a_stop_and_sigint_is_ignored(tmp_path: Path) -> None:
     process, channel, _ = await start_worker(tmp_path)
-    flag = tmp_path / "go"
-    job = make_job("wait_file", {"path": str(flag)})
+    flag, started = tmp_path / "go", tmp_path / "started"
+    job = make_job("wait_file", {"path": str(flag), "started": str(started)})
     async with process:
         await channel.send(Run(job=job, timeout_s=30))
+        with anyio.fail_after(WAIT_S):
+            while not started.exists():  # noqa: ASYNC110 - polled under a deadline
+                await anyio.sleep(0.01)
         process.send_signal(signal.SIGINT)  # a terminal's Ctrl-C: the parent decides
         process.send_signal(signal.SIGTERM)
         flag.touch()
