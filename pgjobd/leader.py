@@ -87,10 +87,19 @@ class Elector:
                 await anyio.sleep(backoff.jittered(ELECT_INTERVAL_S))
 
     async def _campaign(self, conn: asyncpg.Connection) -> None:
+        resigned = anyio.Event()
+
+        def on_resign(*_: object) -> None:
+            resigned.set()
+
+        # A leader that shuts down gracefully says so: take over at once, not next try.
+        await conn.add_listener(f"{self.config.database.schema}.leader", on_resign)
         while True:  # a candidate: try, and keep the session warm meanwhile
             if await conn.fetchval(self.q["leader_try_lock"], *self.key):
                 break
-            await anyio.sleep(backoff.jittered(ELECT_INTERVAL_S))
+            with anyio.move_on_after(backoff.jittered(ELECT_INTERVAL_S)):
+                await resigned.wait()
+            resigned = anyio.Event()
         self.term = await conn.fetchval(self.q["leader_term_begin"], self.member_id)
         pid = conn.get_server_pid()
         log.info(

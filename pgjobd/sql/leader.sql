@@ -26,11 +26,12 @@ INSERT INTO {{schema}}.leader (member, backend_pid) VALUES ($1, pg_backend_pid()
 RETURNING term;
 
 -- name: leader_resign
+-- Frees the lock and tells the candidates at once (they LISTEN on <schema>.leader).
 -- $1 term, $2, $3 the lock key (signed ints)
 WITH resigned AS (
     UPDATE {{schema}}.leader SET resigned_at = now() WHERE term = $1 AND resigned_at IS NULL
 )
-SELECT pg_advisory_unlock($2, $3);
+SELECT pg_advisory_unlock($2, $3), pg_notify('{{schema}}.leader', 'resigned');
 
 -- name: job_reap_expired
 -- Takes back running jobs whose lease expired (their member died, hung, or lost the

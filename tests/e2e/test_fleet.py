@@ -1,0 +1,169 @@
+"""Several real members on one database: one leader at a time, fast takeover, fenced
+roles, and the reaper bringing back the jobs of a member that died."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import anyio
+import asyncpg
+import pytest
+
+from pgjobd import Client
+from pgjobd.leader import unsigned
+from pgjobd.lock_keys import LEADER, lock_key
+from pgjobd.queries import for_schema
+
+from .conftest import MemberProcess, wait_all_final, wait_until
+
+pytestmark = pytest.mark.anyio
+StartMember = Callable[..., Awaitable[MemberProcess]]
+
+
+async def leader_locks(conn: asyncpg.Connection, schema: str) -> list[int]:
+    """Backend pids holding the schema's leader lock (at most one, by construction)."""
+    k1, k2 = unsigned(lock_key(LEADER, schema))
+    rows = await conn.fetch(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint = $1 "
+        "AND objid::bigint = $2 AND objsubid = 2 AND granted",
+        k1, k2,
+    )  # fmt: skip
+    return [r["pid"] for r in rows]
+
+
+async def current_term(conn: asyncpg.Connection, schema: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(
+        f"SELECT l.term, l.member, l.backend_pid FROM {schema}.leader AS l "
+        "ORDER BY l.term DESC LIMIT 1"
+    )
+
+
+async def leader_member(
+    conn: asyncpg.Connection, schema: str, members: list[MemberProcess]
+) -> MemberProcess:
+    """The member process whose session holds the lock now."""
+
+    async def find() -> MemberProcess | None:
+        pids = await leader_locks(conn, schema)
+        term = await current_term(conn, schema)
+        if len(pids) != 1 or term is None or term["backend_pid"] != pids[0]:
+            return None
+        member_pid = int(term["member"].split(":")[1])
+        return next((m for m in members if m.process.pid == member_pid), None)
+
+    found: MemberProcess = await wait_until(find, what="a leader")
+    return found
+
+
+async def test_one_leader_among_three_and_fast_takeover(
+    schema: str, conn: asyncpg.Connection, start_member: StartMember
+) -> None:
+    members = [await start_member() for _ in range(3)]
+    leader = await leader_member(conn, schema, members)
+
+    for _ in range(20):  # sampled: never two lock holders, always the latest term's
+        assert len(await leader_locks(conn, schema)) == 1
+        await anyio.sleep(0.05)
+
+    # Killed: the kernel closes its session, the lock goes, a candidate takes it.
+    first_term = (await current_term(conn, schema))["term"]
+    killed_at = time.monotonic()
+    leader.process.send_signal(signal.SIGKILL)
+    survivors = [m for m in members if m is not leader]
+    second = await leader_member(conn, schema, survivors)
+    took_over_s = time.monotonic() - killed_at
+    assert (await current_term(conn, schema))["term"] > first_term
+    assert took_over_s < 3.0, f"new leader after {took_over_s:.2f}s"
+
+    # Graceful: it resigns and says so; a candidate takes over at once.
+    stopped_at = time.monotonic()
+    stop = anyio.create_task_group()
+    async with stop:
+        stop.start_soon(second.stop)
+        third = await leader_member(conn, schema, [m for m in survivors if m is not second])
+    assert time.monotonic() - stopped_at < 1.5
+    assert third is not second
+    resigned = await conn.fetchval(
+        f"SELECT resigned_at IS NOT NULL FROM {schema}.leader WHERE term = $1",
+        (await current_term(conn, schema))["term"] - 1,
+    )
+    assert resigned
+
+
+async def test_a_terminated_leader_session_stops_its_roles_and_its_writes_land_nowhere(
+    schema: str, conn: asyncpg.Connection, start_member: StartMember
+) -> None:
+    member = await start_member()
+    await leader_member(conn, schema, [member])
+    old = await current_term(conn, schema)
+
+    await conn.execute("SELECT pg_terminate_backend($1)", old["backend_pid"])
+
+    await wait_until(lambda: f"no longer leader (term {old['term']})" in member.log,
+                     what="old term ended")  # fmt: skip
+    new = await wait_until(lambda: _newer_term(conn, schema, old["term"]), what="a new term")
+    log = member.log
+    assert log.index(f"no longer leader (term {old['term']})") < log.index(
+        f"leader for term {new['term']}"
+    )  # the old term's roles stopped before the new term's started
+
+    # A role statement fenced on the deposed term's session changes nothing.
+    job_id = await conn.fetchval(f"SELECT {schema}.enqueue('echo', queue => 'nobody')")
+    await conn.execute(
+        f"UPDATE {schema}.job SET state = 'running', owner = 'gone', fence = 1, "
+        "attempt = 1, lease_expires_at = now() - interval '1 minute' WHERE id = $1",
+        job_id,
+    )
+    k1, k2 = unsigned(lock_key(LEADER, schema))
+    reap = for_schema(schema)["job_reap_expired"]
+    deposed = await conn.fetchrow(reap, k1, k2, old["backend_pid"], 10, [], [], 3)
+    assert (deposed["rescued"], deposed["died"]) == (0, 0)
+    assert await conn.fetchval(f"SELECT state FROM {schema}.job WHERE id = $1", job_id) == (
+        "running"
+    )
+    current = await conn.fetchrow(reap, k1, k2, new["backend_pid"], 10, [], [], 3)
+    assert (
+        current["rescued"] == 1
+        or await conn.fetchval(f"SELECT state FROM {schema}.job WHERE id = $1", job_id)
+        == "available"
+    )  # the live leader's reaper may have got there first
+
+
+async def _newer_term(conn: asyncpg.Connection, schema: str, than: int) -> asyncpg.Record | None:
+    row = await current_term(conn, schema)
+    return row if row is not None and row["term"] > than else None
+
+
+async def test_the_jobs_of_a_killed_member_run_again_elsewhere(
+    dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger"
+    doomed = await start_member(daemon='lease = "2s"')
+    async with await Client.connect(dsn, schema=schema) as client:
+        ids = await client.enqueue_many(
+            [("record", {"path": str(ledger), "hold_s": 3.0}) for _ in range(6)]
+        )
+
+    async def all_claimed() -> bool:
+        return await conn.fetchval(
+            f"SELECT count(*) FROM {schema}.job WHERE state = 'running'"
+        ) == len(ids)
+
+    await wait_until(all_claimed, what="the jobs running on the doomed member")
+    doomed.process.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    await start_member(daemon='lease = "2s"')
+
+    records = await wait_all_final(conn, schema, len(ids), timeout_s=40)
+    recovered_s = time.monotonic() - killed_at
+    assert {r["state"] for r in records.values()} == {"completed"}
+    assert all(r["attempt"] == 2 for r in records.values())
+    lost = await conn.fetch(
+        f"SELECT job_id, outcome FROM {schema}.job_attempt WHERE outcome = 'lease_expired'"
+    )
+    assert sorted(r["job_id"] for r in lost) == sorted(ids)
+    # lease 2s + reaper interval 5s + the rerun's 3s, with room for a slow machine
+    assert recovered_s < 20, recovered_s
