@@ -28,7 +28,7 @@ import asyncpg
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
-from pgjobd import __version__, backoff, db, migrate
+from pgjobd import __version__, backoff, db, migrate, systemd
 from pgjobd.completer import Completer
 from pgjobd.config import DEFAULT_QUEUE, Config, QueueConfig
 from pgjobd.errors import TRANSIENT, ConfigError, PgjobdError, SchemaError
@@ -89,6 +89,7 @@ class Member:
         notifier = Notifier(self.config, self.config.queues)
         async with anyio.create_task_group() as services:
             services.start_soon(completer.run)
+            services.start_soon(systemd.keep_watchdog_fed)  # also while draining
             await services.start(notifier.run)
             async with anyio.create_task_group() as pools:
                 kinds: list[KindInfo] = []
@@ -117,6 +118,7 @@ class Member:
                     intake.start_soon(Elector(self.config, self.q, self.id, changes).run)
                     intake.start_soon(self._watch_signals, intake)
                     self.ready.set()
+                    systemd.notify("READY=1", f"STATUS=serving queues {', '.join(workers)}")
                     log.info(
                         "member %s ready: queues %s", self.id, ", ".join(workers),
                         extra={"event": "member.ready", "member": self.id},
@@ -133,6 +135,7 @@ class Member:
             async for signum in signals:
                 if not self.draining:
                     self.draining = True
+                    systemd.notify("STOPPING=1")
                     log.info(
                         "%s: draining", signal.Signals(signum).name,
                         extra={"event": "member.draining", "member": self.id},

@@ -3,8 +3,10 @@ in worker processes and recorded, once, with the right outcome."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -262,3 +264,31 @@ async def test_a_paused_queue_is_not_claimed_from_until_resumed(
     await conn.execute(f"UPDATE {schema}.queue SET paused = false WHERE name = 'default'")
     records = await wait_all_final(conn, schema, 2)
     assert records[held]["state"] == "completed"
+
+
+async def test_systemd_hears_ready_watchdog_and_stopping(
+    start_member: StartMember, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    address = str(tmp_path / "notify.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(address)
+    listener.setblocking(False)
+    heard: list[str] = []
+
+    def drain_socket() -> list[str]:
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                heard.extend(listener.recv(4096).decode().split("\n"))
+        return heard
+
+    monkeypatch.setenv("NOTIFY_SOCKET", address)
+    monkeypatch.setenv("WATCHDOG_USEC", "200000")
+    try:
+        member = await start_member()
+        await wait_until(lambda: "READY=1" in drain_socket(), what="READY=1")
+        await wait_until(lambda: drain_socket().count("WATCHDOG=1") >= 3, what="watchdog pings")
+        assert await member.stop() == 0
+        assert "STOPPING=1" in drain_socket()
+        assert drain_socket().index("READY=1") < drain_socket().index("STOPPING=1")
+    finally:
+        listener.close()
