@@ -112,7 +112,7 @@ class Drain:
 
 @dataclass
 class StatementLog:
-    statements: Counter[str] = field(default_factory=Counter)  # by query name
+    statements: dict[str, int] = field(default_factory=dict)  # by query name
     claim_ms: list[float] = field(default_factory=list)  # execute durations, server side
     complete_ms: list[float] = field(default_factory=list)
     claimed_rows: int = 0
@@ -183,14 +183,17 @@ def cpu_snapshot(pids: Iterable[int]) -> CpuSnapshot:
 def cpu_split(
     before: CpuSnapshot, after: CpuSnapshot, roles: dict[str, list[int]]
 ) -> dict[str, float]:
-    """Cores used by each role between two snapshots; 'idle' is the machine's."""
+    """Cores used by each role between two snapshots (a process gone by the end is not
+    counted; one new since the start counts from its start); 'idle' is the machine's."""
     wall = after.at - before.at
     split = {}
     for role, pids in roles.items():
-        ticks = sum(after.by_pid.get(p, 0) - before.by_pid.get(p, 0) for p in pids)
+        ticks = sum(after.by_pid[p] - before.by_pid.get(p, 0) for p in pids if p in after.by_pid)
         split[role] = ticks * TICK_S / wall
     total, idle = (a - b for a, b in zip(after.machine, before.machine, strict=True))
-    split["idle"] = (os.cpu_count() or 1) * idle / total if total else 0.0
+    cores = os.cpu_count() or 1
+    split["idle"] = cores * idle / total if total else 0.0
+    split["rest"] = cores - sum(split.values())  # other processes, the kernel
     return split
 
 
@@ -342,17 +345,16 @@ async def drain(h: Harness, client: Client, rnd: Round, n: int, *, dsn: str | No
         # The member row appears once the workers are ready, just before claiming starts.
         await h.poll(f"SELECT count(*) FROM {SCHEMA}.member", lambda v: v > 0, running, 0.01)
         supervisor = running.process.pid
-        workers = children_of(supervisor)
-        backends = await h.backend_pids()
-        pg_all = postgres_pids()
-        roles = {"supervisor": [supervisor], "workers": workers, "pg member": backends,
-                 "pg other": [p for p in pg_all if p not in backends]}  # fmt: skip
-        watched = [supervisor, *workers, *pg_all]
-        before = cpu_snapshot(watched)
+        before = cpu_snapshot([supervisor, os.getpid(), *children_of(supervisor), *postgres_pids()])
         done_at = await h.poll(
             f"SELECT count(*) FROM (SELECT 1 FROM {h.t} LIMIT 1) AS s", lambda v: v == 0, running
         )
-        cpu = cpu_split(before, cpu_snapshot(watched), roles)
+        # Roles as at the end: pool sessions opened during the drain count from their start.
+        backends, pg_all = await h.backend_pids(), postgres_pids()
+        roles = {"supervisor": [supervisor], "workers": children_of(supervisor),
+                 "pg member": backends, "pg other": [p for p in pg_all if p not in backends],
+                 "harness": [os.getpid()]}  # fmt: skip
+        cpu = cpu_split(before, cpu_snapshot([p for pids in roles.values() for p in pids]), roles)
         first = running.first_start()
     wal = await h.wal_since(lsn)
     await asyncio.sleep(1.2)  # idle backends report their transaction counts within 1 s
@@ -459,7 +461,7 @@ def read_statement_log(text: str, q: Queries) -> StatementLog:
             "asyncpg pool reset on release" if "pg_advisory_unlock_all()" in statement
             else "other: " + statement[:60]
         )  # fmt: skip
-        log.statements[name] += 1
+        log.statements[name] = log.statements.get(name, 0) + 1
         if name == "job_claim":
             log.claim_ms.append(ms)
         elif name == "job_complete_many":
@@ -671,7 +673,7 @@ def report(r: Results) -> None:
               f"p99 {percentile(completes, 99):.2f} ms")  # fmt: skip
         print(
             f"  statements per job {total / r.n:.3f} (first run, {total} in all): "
-            + ", ".join(f"{name} {count}" for name, count in log.statements.most_common(8))
+            + ", ".join(f"{name} {count}" for name, count in Counter(log.statements).most_common(8))
         )
     else:
         print("\nclaim p99: n/a (no statement log)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
@@ -121,10 +122,12 @@ async def _connect(cfg: config.Config) -> asyncpg.Connection:
 
 
 def _run_member(args: argparse.Namespace) -> int:
+    # Until the daemon listens for it, a SIGHUP must not end the process (its default).
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     cfg = _load_config(args)
     cfg.require_dsn()
     log.setup(cfg.daemon.log_format, cfg.daemon.log_level)
-    member = daemon.Member(cfg)
+    member = daemon.Member(cfg, reload_config=lambda: _load_config(args))
     try:
         return _run(lambda: _serve(member))
     except BaseExceptionGroup as group:

@@ -9,7 +9,6 @@ stop claiming more work than can be recorded.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -40,7 +39,7 @@ class Completer:
         pool: asyncpg.Pool,
         queries: Queries,
         member_id: str,
-        queues: Mapping[str, QueueConfig],
+        queues: dict[str, QueueConfig],
         outcomes: MemoryObjectReceiveStream[Outcome],
     ) -> None:
         self.pool = pool

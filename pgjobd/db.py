@@ -4,11 +4,14 @@ and unlocks advisory locks."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
 
 from pgjobd.config import Config
+
+ResetHook = Callable[[asyncpg.Connection], Awaitable[None]]
 
 
 def server_settings(config: Config, application_name: str = "pgjobd") -> dict[str, str]:
@@ -34,12 +37,15 @@ def _connect_options(config: Config, application_name: str = "pgjobd") -> dict[s
     }
 
 
-async def create_pool(config: Config, *, max_size: int | None = None) -> asyncpg.Pool:
+async def create_pool(
+    config: Config, *, max_size: int | None = None, reset: ResetHook | None = None
+) -> asyncpg.Pool:
     pool_max = max_size or config.database.pool_max
     pool: asyncpg.Pool = await asyncpg.create_pool(
         config.require_dsn(),
         min_size=min(config.database.pool_min, pool_max),
         max_size=pool_max,
+        reset=reset,
         **_connect_options(config),
     )
     return pool

@@ -52,6 +52,9 @@ TRANSIENT: tuple[type[BaseException], ...] = (
     TimeoutError,
     asyncpg.exceptions.ConnectionDoesNotExistError,
     asyncpg.exceptions.InterfaceError,
+    # A connection left mid-operation when the server went away ("cannot switch to
+    # state ..."): retried on a fresh connection; the pool discards this one.
+    asyncpg.exceptions.InternalClientError,
     asyncpg.exceptions.PostgresConnectionError,
     asyncpg.exceptions.CannotConnectNowError,
     asyncpg.exceptions.AdminShutdownError,

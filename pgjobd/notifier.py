@@ -48,6 +48,10 @@ class Notifier:
         self.wakeups = {queue: Wakeup() for queue in queues}
         self.healthy = False
 
+    def wakeup(self, queue: str) -> Wakeup:
+        """The queue's wake-up (queues may be added by a reload)."""
+        return self.wakeups.setdefault(queue, Wakeup())
+
     def _on_notify(self, _conn: object, _pid: int, _channel: str, queue: str) -> None:
         wakeup = self.wakeups.get(queue)
         if wakeup is not None:

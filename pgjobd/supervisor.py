@@ -176,6 +176,11 @@ class WorkerPool:
                 self._tg.start_soon(self._send_quietly, child, Cancel(job_id))
                 return
 
+    async def wait_idle(self) -> None:
+        """Return when no job is in flight in this pool."""
+        while any(child.held for child in self._children.values()):
+            await self._changed_event().wait()
+
     def held(self) -> dict[int, ClaimedJob]:
         """Every job in flight in this pool, by id."""
         return {

@@ -99,6 +99,7 @@ def command(args: argparse.Namespace) -> int:
 def main(queue: str, handler_dirs: Sequence[Path], slots: int) -> int:
     frames_in, frames_out = _take_standard_streams()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # reloads are the supervisor's business
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     if not logging.getLogger().handlers:
         logging.basicConfig(

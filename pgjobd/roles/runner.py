@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 
@@ -67,7 +68,8 @@ class RoleRunner:
     async def _run_role(self, role: Role, ctx: RoleContext) -> None:
         while True:
             try:
-                await role.tick(ctx)
+                # The config as of this tick: a SIGHUP reload may have changed it.
+                await role.tick(dataclasses.replace(ctx, config=self.config))
                 self.ticks[role.name] = self.ticks.get(role.name, 0) + 1
             except Exception:  # a role's failure never takes the member down
                 self.errors[role.name] = self.errors.get(role.name, 0) + 1

@@ -1,0 +1,198 @@
+"""The reindexer: rebuilds the hot table's indexes (REINDEX INDEX CONCURRENTLY) when one
+is much larger than its live entries need, after dropping what an interrupted rebuild
+left behind.
+
+Why: the hot table churns (every job inserted, updated, deleted), and a B-tree only gives
+a page back when the page is entirely empty. After a burst, or after vacuum was held
+back for a while, the claim index can be mostly half-empty pages that every claim scan
+walks. Vacuum does not compact them; a rebuild does.
+
+The bloat estimate, without pgstattuple (an extension that may not be installed): an
+index needs about `entries x (8-byte tuple header + key width, 8-aligned, + 4-byte line
+pointer)` bytes of leaf space, at the B-tree's default 90 % leaf fill, plus its inner
+pages and metapage (`expected_index_bytes`). `entries` is the index's reltuples (kept
+fresh by the hot table's aggressive autovacuum/autoanalyze settings), the key width the
+columns' avg_width from pg_stats. The index is rebuilt when its size on disk is more
+than BLOAT_FACTOR times that and at least MIN_WASTE_BYTES more. A healthy B-tree's
+pages are 50-90 % full, so 3x means pages under a third full; the errors of the
+estimate (NULL keys counted at full width, no credit for deduplication) all make the
+expectation larger, so it errs towards leaving an index alone. An index with no
+measurement yet (reltuples -1) is left alone; an invalid index that is not a leftover
+is rebuilt whatever its size (the planner cannot use it).
+
+No blind schedule: each tick (every INTERVAL_S) re-measures, so the trigger is the
+index's state in the database, not a timer that a restart would reset; in memory are
+only the guards against thrashing (a rebuilt index waits REBUILD_COOLDOWN before the
+next, a DAY when the rebuild did not bring it under the threshold) and the failure
+backoff (doubling from FAILURE_BACKOFF to FAILURE_BACKOFF_MAX). A new leader starts
+without them, which costs at most one extra rebuild of an index that needs one anyway.
+
+REINDEX CONCURRENTLY cannot run in a transaction block nor carry the fence: the leader's
+lock is checked just before each DDL statement. If leadership is lost mid-rebuild the
+runner cancels the tick and asyncpg cancels the statement on the server; the invalid
+copy it leaves is what the next leader's first tick drops.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+import asyncpg
+
+from pgjobd.config import Config
+from pgjobd.roles import RoleContext
+
+log = logging.getLogger(__name__)
+
+INTERVAL_S = 600.0
+BLOAT_FACTOR = 3.0
+MIN_WASTE_BYTES = 1024 * 1024
+REBUILD_COOLDOWN_S = 3600.0
+DAY_S = 86_400.0
+FAILURE_BACKOFF_S = 600.0
+FAILURE_BACKOFF_MAX_S = DAY_S
+# A rebuild waits for every transaction older than it; don't let one wait for ever.
+REINDEX_TIMEOUT_MS = 30 * 60 * 1000
+
+BTREE_PAGE_OVERHEAD = 24 + 16  # page header + B-tree special space
+BTREE_LEAF_FILL = 0.90  # the default leaf fillfactor
+INDEX_TUPLE_HEADER = 8
+LINE_POINTER = 4
+
+
+class NotLeader(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class IndexSize:
+    qualified: str
+    name: str
+    valid: bool
+    bytes: int
+    entries: float  # reltuples; -1 when never measured
+    block_size: int
+    key_width: int | None  # None for an expression index
+
+
+def expected_index_bytes(entries: float, key_width: int, block_size: int = 8192) -> int:
+    """About how large a freshly built B-tree holding `entries` keys of `key_width`
+    bytes is: full leaf pages at the default fill, one inner entry per leaf, metapage."""
+    entry = math.ceil((INDEX_TUPLE_HEADER + key_width) / 8) * 8 + LINE_POINTER
+    usable = (block_size - BTREE_PAGE_OVERHEAD) * BTREE_LEAF_FILL
+    leaves = max(1, math.ceil(max(entries, 0.0) * entry / usable))
+    inner = math.ceil(leaves * entry / usable) if leaves > 1 else 0
+    return (1 + leaves + inner) * block_size
+
+
+def rebuild_reason(index: IndexSize) -> str | None:
+    """Why `index` should be rebuilt now, or None."""
+    if not index.valid:
+        return "invalid"
+    if index.entries < 0 or index.key_width is None:
+        return None  # never measured, or no estimate for expressions
+    expected = expected_index_bytes(index.entries, index.key_width, index.block_size)
+    if index.bytes > BLOAT_FACTOR * expected and index.bytes - expected >= MIN_WASTE_BYTES:
+        return (
+            f"bloated: {index.bytes} bytes where its {index.entries:.0f} entries need "
+            f"about {expected}"
+        )
+    return None
+
+
+class Reindexer:
+    name: ClassVar[str] = "reindexer"
+
+    def __init__(self) -> None:
+        self.not_before: dict[str, float] = {}  # index -> monotonic time
+        self.failures: dict[str, int] = {}
+        self.rebuilt = 0
+        self.dropped = 0
+
+    def interval_s(self, config: Config) -> float:
+        return INTERVAL_S
+
+    async def tick(self, ctx: RoleContext) -> None:
+        table = f"{ctx.config.database.schema}.job"
+        async with ctx.pool.acquire() as conn:
+            await self._check_fence(conn, ctx)
+            if await conn.fetchval(ctx.queries["index_build_in_progress"], table):
+                log.info(
+                    "an index of %s is being built by another session; not touching it", table,
+                    extra={"event": "reindexer.busy", "term": ctx.term},
+                )  # fmt: skip
+                return
+            await self._drop_leftovers(conn, ctx, table)
+            for row in await conn.fetch(ctx.queries["index_size_list"], table):
+                index = IndexSize(**dict(row))
+                reason = rebuild_reason(index)
+                if reason is None or time.monotonic() < self.not_before.get(index.name, 0.0):
+                    continue
+                await self._rebuild(conn, ctx, table, index, reason)
+
+    async def _rebuild(
+        self, conn: asyncpg.Connection, ctx: RoleContext, table: str, index: IndexSize, why: str
+    ) -> None:
+        await self._check_fence(conn, ctx)
+        log.info(
+            "rebuilding index %s (%s)", index.qualified, why,
+            extra={"event": "reindexer.started", "index": index.name, "term": ctx.term},
+        )  # fmt: skip
+        started = time.monotonic()
+        await conn.execute(f"SET statement_timeout = {REINDEX_TIMEOUT_MS}")
+        try:
+            await conn.execute(f"REINDEX INDEX CONCURRENTLY {index.qualified}")
+        except asyncpg.PostgresError as e:
+            await conn.execute("RESET statement_timeout")
+            failures = self.failures[index.name] = self.failures.get(index.name, 0) + 1
+            wait_s = min(FAILURE_BACKOFF_S * 2 ** (failures - 1), FAILURE_BACKOFF_MAX_S)
+            self.not_before[index.name] = time.monotonic() + wait_s
+            log.warning(
+                "rebuilding index %s failed (%d in a row); next try in %.0f s: %s",
+                index.qualified, failures, wait_s, e,
+                extra={"event": "reindexer.failed", "index": index.name,
+                       "failures": failures, "term": ctx.term},
+            )  # fmt: skip
+            await self._drop_leftovers(conn, ctx, table)  # the next try starts clean
+            return
+        await conn.execute("RESET statement_timeout")
+        self.rebuilt += 1
+        self.failures.pop(index.name, None)
+        after: int = await conn.fetchval(ctx.queries["index_size"], index.qualified)
+        still = rebuild_reason(replace(index, bytes=after))  # same entry count
+        cooldown_s = DAY_S if still else REBUILD_COOLDOWN_S
+        self.not_before[index.name] = time.monotonic() + cooldown_s
+        log.info(
+            "rebuilt index %s in %.1f s: %d -> %d bytes", index.qualified,
+            time.monotonic() - started, index.bytes, after,
+            extra={"event": "reindexer.rebuilt", "index": index.name, "bytes_before":
+                   index.bytes, "bytes_after": after, "term": ctx.term},
+        )  # fmt: skip
+        if still:
+            log.warning(
+                "index %s still looks %s after a rebuild: the estimate misjudges it; "
+                "not rebuilding it again for a day", index.qualified, still,
+                extra={"event": "reindexer.misjudged", "index": index.name},
+            )  # fmt: skip
+
+    async def _drop_leftovers(self, conn: asyncpg.Connection, ctx: RoleContext, table: str) -> None:
+        for row in await conn.fetch(ctx.queries["index_leftover_list"], table):
+            await self._check_fence(conn, ctx)
+            await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {row['qualified']}")
+            self.dropped += 1
+            log.warning(
+                "dropped %s, left invalid by an interrupted REINDEX CONCURRENTLY",
+                row["qualified"],
+                extra={"event": "reindexer.leftover_dropped", "index": row["name"],
+                       "term": ctx.term},
+            )  # fmt: skip
+
+    @staticmethod
+    async def _check_fence(conn: asyncpg.Connection, ctx: RoleContext) -> None:
+        # DDL cannot carry the fence in its own statement: check it just before.
+        if not await conn.fetchval(ctx.queries["leader_fence_holds"], *ctx.fence):
+            raise NotLeader(f"no longer leader (term {ctx.term}): not touching indexes")

@@ -1,0 +1,131 @@
+"""The horizon watchdog: names the transaction that holds back vacuum, and sees dead rows
+pile up on the hot table."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import AsyncIterator
+
+import anyio
+import asyncpg
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pgjobd.config import Config, DatabaseConfig
+from pgjobd.leader import unsigned
+from pgjobd.lock_keys import LEADER, lock_key
+from pgjobd.queries import for_schema
+from pgjobd.roles import RoleContext
+from pgjobd.roles.horizon import HorizonWatchdog, held_since_s
+
+pytestmark = pytest.mark.anyio
+
+
+@given(
+    steps=st.lists(st.integers(min_value=0, max_value=50), min_size=1, max_size=30),
+    horizon=st.integers(min_value=0, max_value=2000),
+)
+def test_the_xid_clock_dates_a_horizon_no_later_than_it_was_issued(
+    steps: list[int], horizon: int
+) -> None:
+    samples: deque[tuple[float, int]] = deque()
+    next_xid = 0
+    for second, step in enumerate(steps):
+        next_xid += step
+        samples.append((float(second), next_xid))
+    now = float(len(steps))
+    held = held_since_s(samples, horizon, now)
+    assert 0.0 <= held <= now
+    # never more than since the first sample past the horizon
+    past = [at for at, xid in samples if xid > horizon]
+    assert held == (now - past[0] if past else 0.0)
+
+
+@pytest.fixture
+async def leading(dsn: str, schema: str) -> AsyncIterator[RoleContext]:
+    session = await asyncpg.connect(dsn)
+    key = lock_key(LEADER, schema)
+    assert await session.fetchval("SELECT pg_try_advisory_lock($1, $2)", *key)
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    try:
+        yield RoleContext(
+            pool, for_schema(schema), Config(database=DatabaseConfig(schema=schema)), "test",
+            1, (*unsigned(key), session.get_server_pid()),
+        )  # fmt: skip
+    finally:
+        await pool.close()
+        await session.close()
+
+
+async def test_an_open_transaction_is_named_as_the_culprit(
+    dsn: str, leading: RoleContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    culprit = await asyncpg.connect(dsn, server_settings={"application_name": "nightly-report"})
+    try:
+        tx = culprit.transaction(isolation="repeatable_read")
+        await tx.start()
+        await culprit.fetchval("SELECT pg_current_xact_id()")  # an xid, and a snapshot
+        watchdog = HorizonWatchdog(held_warn_s=1.0)
+        await watchdog.tick(leading)  # starts the xid clock
+        await anyio.sleep(1.5)
+        with caplog.at_level(logging.WARNING, logger="pgjobd.roles.horizon"):
+            await watchdog.tick(leading)
+        await tx.rollback()
+    finally:
+        await culprit.close()
+
+    reading = watchdog.last
+    assert reading is not None and reading.holder is not None
+    assert reading.holder.pid == culprit.get_server_pid()
+    assert reading.holder.name == "nightly-report"
+    assert reading.holder.state == "idle in transaction"
+    assert reading.holder.xact_age_s is not None and reading.holder.xact_age_s >= 1.5
+    assert reading.held_s >= 1.5
+    assert reading.wraparound_age > 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(
+        f"pid {culprit.get_server_pid()} (nightly-report" in m and "query started" in m
+        for m in warnings
+    ), warnings
+
+    # It let go: no longer named, and the alarm clears.
+    with caplog.at_level(logging.INFO, logger="pgjobd.roles.horizon"):
+        await watchdog.tick(leading)
+    assert watchdog.last is not None
+    held_by = watchdog.last.holder
+    assert held_by is None or held_by.pid != culprit.get_server_pid()
+
+
+async def test_dead_rows_on_the_hot_table_are_reported(
+    conn: asyncpg.Connection, schema: str, leading: RoleContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    await conn.execute(f"ALTER TABLE {schema}.job SET (autovacuum_enabled = false)")
+    await conn.execute(
+        f"INSERT INTO {schema}.job (state, queue, kind, args) "
+        "SELECT 'available', 'default', 'noop', '{}' FROM generate_series(1, 3000)"
+    )
+    await conn.execute(f"DELETE FROM {schema}.job WHERE id % 10 <> 0")
+    await conn.execute("SELECT pg_stat_force_next_flush()")
+    watchdog = HorizonWatchdog(dead_rows_warn=1000)
+
+    async def counted() -> bool:
+        await watchdog.tick(leading)
+        return watchdog.last is not None and watchdog.last.dead_rows >= 2700
+
+    with caplog.at_level(logging.WARNING, logger="pgjobd.roles.horizon"):
+        for _ in range(50):  # the statistics reach the view within a second or so
+            if await counted():
+                break
+            await anyio.sleep(0.2)
+
+    reading = watchdog.last
+    assert reading is not None
+    assert reading.live_rows == 300
+    assert reading.dead_ratio == pytest.approx(0.9)
+    assert any(
+        f"{schema}.job is 90 % dead rows" in r.getMessage()
+        and "last autovacuum never" in r.getMessage()
+        for r in caplog.records
+    )

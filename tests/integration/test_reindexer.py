@@ -1,0 +1,176 @@
+"""The reindexer: drops what an interrupted REINDEX CONCURRENTLY left, rebuilds a bloated
+index of the hot table, and does nothing unless it leads."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pgjobd.config import Config, DatabaseConfig
+from pgjobd.leader import unsigned
+from pgjobd.lock_keys import LEADER, lock_key
+from pgjobd.queries import for_schema
+from pgjobd.roles import RoleContext
+from pgjobd.roles.reindexer import (
+    BLOAT_FACTOR,
+    IndexSize,
+    NotLeader,
+    Reindexer,
+    expected_index_bytes,
+    rebuild_reason,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+@given(
+    entries=st.integers(min_value=0, max_value=10**8),
+    width=st.integers(min_value=1, max_value=2000),
+)
+def test_expected_size_grows_with_entries_and_is_never_below_two_pages(
+    entries: int, width: int
+) -> None:
+    size = expected_index_bytes(entries, width)
+    assert size >= 2 * 8192
+    assert expected_index_bytes(entries + 1000, width) >= size
+    # at least the entries' own bytes
+    assert size >= entries * (8 + width)
+
+
+def _index(bytes_: int, entries: float, *, valid: bool = True) -> IndexSize:
+    return IndexSize("s.i", "i", valid, bytes_, entries, 8192, 32)
+
+
+def test_rebuild_decisions() -> None:
+    need = expected_index_bytes(100_000, 32)
+    assert rebuild_reason(_index(need, 100_000)) is None
+    assert rebuild_reason(_index(int(need * (BLOAT_FACTOR - 0.1)), 100_000)) is None
+    assert rebuild_reason(_index(int(need * (BLOAT_FACTOR + 1)), 100_000)) is not None
+    assert rebuild_reason(_index(100 * 8192, 0)) is None  # bloated, but under 1 MiB
+    assert rebuild_reason(_index(10**9, -1)) is None  # never measured
+    assert rebuild_reason(_index(8192, 0, valid=False)) == "invalid"
+
+
+@pytest.fixture
+async def leading(dsn: str, schema: str) -> AsyncIterator[RoleContext]:
+    """A role context whose fence is a session of ours holding the leader lock."""
+    session = await asyncpg.connect(dsn)
+    key = lock_key(LEADER, schema)
+    assert await session.fetchval("SELECT pg_try_advisory_lock($1, $2)", *key)
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    try:
+        yield RoleContext(
+            pool, for_schema(schema), Config(database=DatabaseConfig(schema=schema)), "test",
+            1, (*unsigned(key), session.get_server_pid()),
+        )  # fmt: skip
+    finally:
+        await pool.close()
+        await session.close()
+
+
+def _deposed(leading: RoleContext) -> RoleContext:
+    k1, k2, _ = leading.fence
+    return RoleContext(leading.pool, leading.queries, leading.config, "test", 0, (k1, k2, 1))
+
+
+async def _indexes(conn: asyncpg.Connection, schema: str) -> dict[str, bool]:
+    rows = await conn.fetch(
+        "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "WHERE i.indrelid = $1::regclass",
+        f"{schema}.job",
+    )
+    return {r["relname"]: r["indisvalid"] for r in rows}
+
+
+async def _interrupted_reindex(dsn: str, conn: asyncpg.Connection, schema: str) -> None:
+    """A REINDEX CONCURRENTLY that waits for an older snapshot and is cancelled by its
+    statement_timeout: the invalid job_claim_idx_ccnew it had made stays behind."""
+    reader = await asyncpg.connect(dsn)
+    try:
+        reader_tx = reader.transaction(isolation="repeatable_read")
+        await reader_tx.start()
+        await reader.fetchval(f"SELECT count(*) FROM {schema}.job")
+        await conn.execute("SET statement_timeout = '500ms'")
+        with pytest.raises(asyncpg.QueryCanceledError):
+            await conn.execute(f"REINDEX INDEX CONCURRENTLY {schema}.job_claim_idx")
+        await conn.execute("RESET statement_timeout")
+        await reader_tx.rollback()
+    finally:
+        await reader.close()
+    assert (await _indexes(conn, schema)).get("job_claim_idx_ccnew") is False
+
+
+async def test_an_interrupted_rebuild_leftover_is_dropped(
+    dsn: str, conn: asyncpg.Connection, schema: str, leading: RoleContext
+) -> None:
+    await _interrupted_reindex(dsn, conn, schema)
+
+    reindexer = Reindexer()
+    await reindexer.tick(leading)
+
+    indexes = await _indexes(conn, schema)
+    assert "job_claim_idx_ccnew" not in indexes
+    assert indexes["job_claim_idx"] is True
+    assert reindexer.dropped == 1
+    assert reindexer.rebuilt == 0  # a fresh, empty table: nothing bloated
+
+
+async def _bloat(conn: asyncpg.Connection, schema: str, rows: int = 100_000) -> None:
+    """Many available jobs, then 95 % of them gone, spread over the whole key range, so
+    that every leaf page of the claim index keeps a few entries and none is freed."""
+    await conn.execute(f"ALTER TABLE {schema}.job SET (autovacuum_enabled = false)")
+    await conn.execute(
+        f"INSERT INTO {schema}.job (state, queue, kind, args) "
+        f"SELECT 'available', 'default', 'noop', '{{}}' FROM generate_series(1, {rows})"
+    )
+    await conn.execute(f"DELETE FROM {schema}.job WHERE id % 20 <> 0")
+    await conn.execute(f"VACUUM (ANALYZE) {schema}.job")
+
+
+async def _size(conn: asyncpg.Connection, schema: str, index: str) -> int:
+    size: int = await conn.fetchval("SELECT pg_relation_size($1::regclass)", f"{schema}.{index}")
+    return size
+
+
+async def test_a_bloated_index_is_rebuilt(
+    conn: asyncpg.Connection, schema: str, leading: RoleContext
+) -> None:
+    await _bloat(conn, schema)
+    before = await _size(conn, schema, "job_claim_idx")
+    oid_before = await conn.fetchval("SELECT $1::regclass::oid", f"{schema}.job_claim_idx")
+
+    reindexer = Reindexer()
+    await reindexer.tick(leading)
+
+    after = await _size(conn, schema, "job_claim_idx")
+    assert after * 5 < before, (before, after)
+    assert await conn.fetchval("SELECT $1::regclass::oid", f"{schema}.job_claim_idx") != (
+        oid_before
+    )
+    assert all((await _indexes(conn, schema)).values())
+    assert await conn.fetchval(f"SELECT count(*) FROM {schema}.job") == 5_000
+    rebuilt = reindexer.rebuilt
+    assert rebuilt >= 1
+
+    await reindexer.tick(leading)  # measured again: nothing left to do
+    assert reindexer.rebuilt == rebuilt
+
+
+async def test_a_member_that_is_not_leader_touches_no_index(
+    dsn: str, conn: asyncpg.Connection, schema: str, leading: RoleContext
+) -> None:
+    await _interrupted_reindex(dsn, conn, schema)
+    await _bloat(conn, schema, rows=50_000)
+    before = await _size(conn, schema, "job_claim_idx")
+
+    reindexer = Reindexer()
+    with pytest.raises(NotLeader, match="no longer leader"):
+        await reindexer.tick(_deposed(leading))
+
+    assert (await _indexes(conn, schema)).get("job_claim_idx_ccnew") is False
+    assert await _size(conn, schema, "job_claim_idx") == before
+    assert (reindexer.rebuilt, reindexer.dropped) == (0, 0)
