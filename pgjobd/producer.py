@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Protocol
 
@@ -25,6 +26,7 @@ from pgjobd.queries import Queries
 
 log = logging.getLogger(__name__)
 
+CLAIMERS = 2
 MIN_POLL_S = 0.05
 MAX_POLL_S = 1.0
 # When every slot was filled last time, wait this long for more slots to free up so
@@ -34,8 +36,8 @@ BATCH_WINDOW_S = 0.002
 
 class Workers(Protocol):
     def free_slots(self) -> int: ...
-    async def wait_free(self) -> None: ...
-    async def submit(self, job: ClaimedJob) -> None: ...
+    async def wait_changed(self) -> None: ...
+    async def submit_many(self, jobs: Sequence[ClaimedJob]) -> None: ...
 
 
 class Producer:
@@ -59,24 +61,39 @@ class Producer:
         self.completer = completer
         self.member_id = member_id
         self.lease = lease
+        self.reserved = 0  # slots a claim in flight will fill
         self.claim_seconds: list[float] = []  # recent claim durations, for metrics
         self.claimed = 0
 
     async def run(self) -> None:
+        """Run CLAIMERS claim loops. Two loops overlap one claim's round trip with the
+        next, so freed slots don't sit idle while a claim is in flight; slots are
+        reserved before a claim, so together they never claim more than is free."""
+        async with anyio.create_task_group() as tg:
+            for _ in range(CLAIMERS):
+                tg.start_soon(self._claim_loop)
+
+    def _unreserved(self) -> int:
+        return self.workers.free_slots() - self.reserved
+
+    async def _claim_loop(self) -> None:
         poll_s = MIN_POLL_S
         saturated = False
         failures = 0
         while True:
-            await self.workers.wait_free()
+            while self._unreserved() <= 0:
+                await self.workers.wait_changed()
             await self.completer.wait_accepting()
             if saturated:
                 await anyio.sleep(BATCH_WINDOW_S)
-            limit = self.workers.free_slots()
+            limit = self._unreserved()
             if limit <= 0:
                 continue
             self.wakeup.clear()
+            self.reserved += limit
             try:
                 jobs = await self.claim(limit)
+                await self.workers.submit_many(jobs)
             except TRANSIENT as e:
                 failures += 1
                 log.warning(
@@ -85,9 +102,9 @@ class Producer:
                 )  # fmt: skip
                 await anyio.sleep(backoff.jittered(min(5.0, 0.1 * 2**failures)))
                 continue
+            finally:
+                self.reserved -= limit
             failures = 0
-            for job in jobs:
-                await self.workers.submit(job)
             saturated = len(jobs) == limit
             if jobs:
                 poll_s = MIN_POLL_S

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
+from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -130,10 +131,14 @@ class Channel(Generic[M]):
 
     async def send(self, message: Message) -> None:
         """Send one message; anyio.BrokenResourceError if the other end is gone."""
-        frame = encode_frame(message)
+        await self.send_many([message])
+
+    async def send_many(self, messages: Sequence[Message]) -> None:
+        """Send messages in one write (one system call for a whole claimed batch)."""
+        frames = b"".join(encode_frame(message) for message in messages)
         async with self._lock:
             try:
-                await self._out.send(frame)
+                await self._out.send(frames)
             except (OSError, RuntimeError) as e:  # a pipe closed under a write
                 raise anyio.BrokenResourceError(str(e)) from e
 
@@ -159,14 +164,15 @@ class Channel(Generic[M]):
 class ChildChannel:
     """The child's end: plain asyncio streams over the two file descriptors of the pipes.
 
-    A frame is written with one `write` call, so tasks sending concurrently never
-    interleave frames.
+    Frames are whole when written, so tasks sending concurrently never interleave them;
+    the frames sent during one turn of the event loop leave in a single write.
     """
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
         self._writer = writer
         self._decoder: Decoder[ToChild] = Decoder(ToChild)
+        self._unsent: list[bytes] = []
 
     @classmethod
     async def open(cls, read_fd: int, write_fd: int) -> ChildChannel:
@@ -182,8 +188,15 @@ class ChildChannel:
         return cls(reader, writer)
 
     async def send(self, message: Message) -> None:
-        self._writer.write(encode_frame(message))
-        await self._writer.drain()
+        if not self._unsent:
+            asyncio.get_running_loop().call_soon(self._write_unsent)
+        self._unsent.append(encode_frame(message))
+        await self._writer.drain()  # waits only when the pipe is backed up
+
+    def _write_unsent(self) -> None:
+        frames, self._unsent = self._unsent, []
+        if not self._writer.is_closing():
+            self._writer.write(b"".join(frames))
 
     async def receive(self) -> ToChild:
         """The next message; EOFError at a clean end of input, ProtocolError at a bad one."""

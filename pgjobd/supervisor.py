@@ -129,6 +129,7 @@ class WorkerPool:
         self._stopping = False
         self._slot_scopes: dict[int, anyio.CancelScope] = {}
         self._slot_ended: dict[int, anyio.Event] = {}
+        self._watchdog_wakes_at = -math.inf  # no need to wake it for later deadlines
 
     # -- the producer's and lease keeper's interface ---------------------------------
 
@@ -142,32 +143,44 @@ class WorkerPool:
             await self._changed_event().wait()
 
     async def submit(self, job: ClaimedJob) -> None:
-        """Send the job to the ready child with the most free slots.
+        """Send the job to the ready child with the most free slots (see submit_many)."""
+        await self.submit_many([job])
 
-        Call only when free_slots() > 0. If the chosen child dies before the job reaches
-        it, the job is reported given_back (it never ran).
+    async def submit_many(self, jobs: Sequence[ClaimedJob]) -> None:
+        """Spread the jobs over the ready children, most free slots first, with one
+        write per child.
+
+        Call only with no more jobs than free_slots(). A job whose child dies before
+        the job reaches it is reported given_back (it never ran).
         """
-        candidates = [c for c in self._children.values() if c.free > 0]
-        if not candidates:
-            raise RuntimeError(f"queue {self.queue}: submit() with no free slot")
-        child = max(candidates, key=lambda c: (c.free, -c.index))
-        info = child.kinds.get(job.kind)
-        timeout_s = (
-            info.timeout_s
-            if info is not None and info.timeout_s is not None
-            else self.config.timeout.total_seconds()
-        )
+        batches: dict[int, tuple[_Child, list[Run]]] = {}
         now = anyio.current_time()
-        child.held[job.id] = _Held(job, now, timeout_s, now + timeout_s + self.grace_s)
-        self._notify_deadlines()
-        try:
-            await child.channel.send(Run(job=job, timeout_s=timeout_s))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as e:
-            if child.held.pop(job.id, None) is not None:
-                self._notify_changed()
-                await self.outcomes.send(
-                    Outcome(job, "given_back", error_message=f"worker process gone: {e}")
-                )
+        for job in jobs:
+            candidates = [c for c in self._children.values() if c.free > 0]
+            if not candidates:
+                raise RuntimeError(f"queue {self.queue}: submit() with no free slot")
+            child = max(candidates, key=lambda c: (c.free, -c.index))
+            info = child.kinds.get(job.kind)
+            timeout_s = (
+                info.timeout_s
+                if info is not None and info.timeout_s is not None
+                else self.config.timeout.total_seconds()
+            )
+            deadline = now + timeout_s + self.grace_s
+            child.held[job.id] = _Held(job, now, timeout_s, deadline)
+            batches.setdefault(child.index, (child, []))[1].append(Run(job, timeout_s))
+            if deadline < self._watchdog_wakes_at:
+                self._notify_deadlines()
+        for child, runs in batches.values():
+            try:
+                await child.channel.send_many(runs)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError) as e:
+                for run in runs:
+                    if child.held.pop(run.job.id, None) is not None:
+                        self._notify_changed()
+                        await self.outcomes.send(
+                            Outcome(run.job, "given_back", error_message=f"worker gone: {e}")
+                        )
 
     def cancel(self, job_id: int) -> None:
         """Set the job's ctx.cancelled in the child that holds it (no-op if none)."""
@@ -175,6 +188,11 @@ class WorkerPool:
             if job_id in child.held and self._tg is not None:
                 self._tg.start_soon(self._send_quietly, child, Cancel(job_id))
                 return
+
+    async def wait_changed(self) -> None:
+        """Return at the next change of slots (a job started or ended, a child came or
+        went)."""
+        await self._changed_event().wait()
 
     async def wait_idle(self) -> None:
         """Return when no job is in flight in this pool."""
@@ -434,8 +452,10 @@ class WorkerPool:
                         )
                         break
                     nearest = min(nearest, held.deadline)
+            self._watchdog_wakes_at = nearest
             with anyio.move_on_after(nearest - now):
                 await changed.wait()
+            self._watchdog_wakes_at = -math.inf
 
     def _kill(self, child: _Child, reason: str) -> None:
         if child.kill_reason is None:

@@ -35,12 +35,14 @@ copy it leaves is what the next leader's first tick drops.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+import anyio
 import asyncpg
 
 from pgjobd.config import Config
@@ -159,6 +161,16 @@ class Reindexer:
             )  # fmt: skip
             await self._drop_leftovers(conn, ctx, table)  # the next try starts clean
             return
+        except BaseException:
+            # Cancelled (leadership lost) or the connection broke: end the session from
+            # another one, so the REINDEX stops on the server, and never hand back to the
+            # pool (which does not reset sessions) one with a half-hour statement_timeout.
+            pid = conn.get_server_pid()
+            with anyio.move_on_after(5, shield=True), contextlib.suppress(Exception):
+                async with ctx.pool.acquire() as other:
+                    await other.fetchval(ctx.queries["backend_stop"], pid)
+            conn.terminate()
+            raise
         await conn.execute("RESET statement_timeout")
         self.rebuilt += 1
         self.failures.pop(index.name, None)

@@ -112,14 +112,18 @@ SELECT (SELECT count(*) FROM promoted) AS promoted,
 
 -- name: job_complete_many
 -- Finishes a batch of completed jobs: deletes each from the hot table only where this
--- member's fence still holds, and writes its final record in the same statement.
+-- member's fence still holds (a fence is set only while a job runs), and writes its
+-- final record in the same statement.
 -- Returns the ids finished; an id missing from the result lost its lease meanwhile.
 -- $1 ids, $2 fences, $3 results (JSON text or NULL), $4 keep a history record
 WITH finished AS (
     DELETE FROM {{schema}}.job AS j
     USING unnest($1::bigint[], $2::bigint[], $3::text[], $4::boolean[])
           AS o(id, fence, result, keep)
-    WHERE j.id = o.id AND j.fence = o.fence AND j.state = 'running'
+    -- A matching fence implies state = 'running' (job_running_holds_lease), and saying
+    -- so would invite the planner to scan job_running_idx, whose dead entries from
+    -- recently finished jobs it underestimates; "j.id = ANY" makes it look up by key.
+    WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.fence = o.fence
     RETURNING j.*, o.result, o.keep
 ), recorded AS (
     INSERT INTO {{schema}}.job_history (id, finished_at, run_at, enqueued_at, attempted_at,
@@ -160,12 +164,13 @@ WITH o AS (
                           ELSE concat_ws(': ', o.error_class, o.error_message) END,
         owner = NULL, fence = NULL, lease_expires_at = NULL
     FROM o
-    WHERE j.id = o.id AND j.fence = o.fence AND j.state = 'running' AND NOT o.final
+    WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.fence = o.fence  -- (see above)
+      AND NOT o.final
     RETURNING j.id, j.attempt, j.queue, j.kind
 ), died AS (
     DELETE FROM {{schema}}.job AS j
     USING o
-    WHERE j.id = o.id AND j.fence = o.fence AND j.state = 'running' AND o.final
+    WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.fence = o.fence AND o.final
     RETURNING j.*, o.reason, o.error_class, o.error_message, o.keep
 ), buried AS (
     INSERT INTO {{schema}}.job_history (id, finished_at, run_at, enqueued_at, attempted_at,
@@ -197,5 +202,5 @@ SELECT r.id FROM recorded AS r;
 UPDATE {{schema}}.job AS j
 SET lease_expires_at = now() + $4::interval
 FROM unnest($2::bigint[], $3::bigint[]) AS h(id, fence)
-WHERE j.id = h.id AND j.fence = h.fence AND j.owner = $1 AND j.state = 'running'
+WHERE j.id = ANY($2::bigint[]) AND j.id = h.id AND j.fence = h.fence AND j.owner = $1
 RETURNING j.id;

@@ -109,3 +109,9 @@ SELECT now() AS at,
 FROM (SELECT age(datfrozenxid) AS wraparound_age, mxid_age(datminmxid) AS multixact_age
       FROM pg_database WHERE datname = current_database()) AS d
 LEFT JOIN pg_stat_user_tables AS s ON s.relid = $1::regclass;
+
+-- name: backend_stop
+-- Ends one of this member's own sessions whose statement was abandoned (a REINDEX the
+-- reindexer was cancelled in): the statement stops, and the session is not reused.
+-- $1 backend pid
+SELECT pg_terminate_backend($1);

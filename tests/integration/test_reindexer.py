@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import anyio
 import asyncpg
 import pytest
 from hypothesis import given
@@ -174,3 +175,32 @@ async def test_a_member_that_is_not_leader_touches_no_index(
     assert (await _indexes(conn, schema)).get("job_claim_idx_ccnew") is False
     assert await _size(conn, schema, "job_claim_idx") == before
     assert (reindexer.rebuilt, reindexer.dropped) == (0, 0)
+
+
+async def test_a_rebuild_cancelled_with_the_term_stops_on_the_server(
+    dsn: str, conn: asyncpg.Connection, schema: str, leading: RoleContext
+) -> None:
+    await _bloat(conn, schema, rows=50_000)
+    reader = await asyncpg.connect(dsn)
+    try:
+        reader_tx = reader.transaction(isolation="repeatable_read")
+        await reader_tx.start()
+        await reader.fetchval(f"SELECT count(*) FROM {schema}.job")  # the REINDEX waits
+        reindexer = Reindexer()
+        with anyio.move_on_after(1.0) as scope:
+            await reindexer.tick(leading)
+        assert scope.cancelled_caught
+        still_running = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'REINDEX INDEX%' "
+            "AND state = 'active' AND pid <> pg_backend_pid()"
+        )
+        assert still_running == 0
+        await reader_tx.rollback()
+    finally:
+        await reader.close()
+
+    await reindexer.tick(leading)  # the next term: drops the leftover, then rebuilds
+    indexes = await _indexes(conn, schema)
+    assert not any("_cc" in name for name in indexes), indexes
+    assert all(indexes.values())
+    assert reindexer.dropped >= 1 and reindexer.rebuilt >= 1
