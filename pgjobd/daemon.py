@@ -38,9 +38,12 @@ from pgjobd.model import ClaimedJob, KindInfo, Outcome
 from pgjobd.notifier import Notifier
 from pgjobd.producer import Producer
 from pgjobd.queries import Queries, for_schema
+from pgjobd.roles import Role
 from pgjobd.roles.cron import CronTicker
+from pgjobd.roles.horizon import HorizonWatchdog
 from pgjobd.roles.partitions import PartitionRotator
 from pgjobd.roles.reaper import Reaper
+from pgjobd.roles.reindexer import Reindexer
 from pgjobd.roles.runner import RoleRunner
 from pgjobd.supervisor import WorkerPool
 
@@ -50,6 +53,12 @@ OUTCOME_BUFFER = 10_000
 HEARTBEAT_S = 5.0
 PROMOTE_BATCH = 1000
 PROMOTE_MAX_SLEEP_S = 1.0
+
+
+def leader_roles() -> list[Role]:
+    """The leader's roles: one instance each per member, kept across terms (some keep
+    state: cooldowns, alarms, the latest readings)."""
+    return [Reaper(), PartitionRotator(), CronTicker(), Reindexer(), HorizonWatchdog()]
 
 
 def new_member_id() -> str:
@@ -127,7 +136,7 @@ class Member:
                     changes, heard = anyio.create_memory_object_stream[Leadership](16)
                     self.roles = RoleRunner(
                         pool, queries=self.q, config=self.config, member_id=self.id,
-                        roles=[Reaper(), PartitionRotator(), CronTicker()], changes=heard,
+                        roles=leader_roles(), changes=heard,
                     )  # fmt: skip
                     intake.start_soon(self.roles.run)
                     intake.start_soon(Elector(self.config, self.q, self.id, changes).run)

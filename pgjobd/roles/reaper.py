@@ -19,8 +19,15 @@ MEMBER_SILENCE = timedelta(minutes=10)
 class Reaper:
     name: ClassVar[str] = "reaper"
 
+    def __init__(self) -> None:
+        self._next_expiry_s: float | None = None
+
     def interval_s(self, config: Config) -> float:
-        return INTERVAL_S
+        """Until the earliest lease runs out, but at least every INTERVAL_S: a dead
+        member's jobs come back just after their lease, not up to a tick later."""
+        if self._next_expiry_s is None:
+            return INTERVAL_S
+        return min(INTERVAL_S, max(0.05, self._next_expiry_s + 0.05))
 
     async def tick(self, ctx: RoleContext) -> None:
         queues = ctx.config.queues
@@ -41,6 +48,7 @@ class Reaper:
                 if row["rescued"] + row["died"] < BATCH:
                     break
             gone = await conn.fetch(ctx.queries["member_forget_gone"], *ctx.fence, MEMBER_SILENCE)
+            self._next_expiry_s = await conn.fetchval(ctx.queries["job_next_lease_expiry"])
         if gone:
             log.info(
                 "forgot %d members silent for %s", len(gone), MEMBER_SILENCE,

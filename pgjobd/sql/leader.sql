@@ -116,3 +116,9 @@ FROM pg_inherits AS i
 JOIN pg_class AS c ON c.oid = i.inhrelid
 WHERE i.inhparent = $1::regclass
 ORDER BY c.relname;
+
+-- name: job_next_lease_expiry
+-- Seconds until the earliest lease of a running job expires (NULL: nothing running).
+SELECT extract(epoch FROM min(j.lease_expires_at) - now())::float8
+FROM {{schema}}.job AS j
+WHERE j.state = 'running';
