@@ -12,14 +12,16 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
 import asyncpg
+import msgspec
 
-from pgjobd import __version__, config, daemon, dev, log, migrate, worker
+from pgjobd import __version__, admin, config, daemon, dev, log, migrate, worker
 from pgjobd.client import Client
+from pgjobd.duration import parse_duration
 from pgjobd.errors import ConfigError, EnqueueError, PgjobdError, SchemaError
 from pgjobd.handlers import load_directories
 
@@ -42,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     except EnqueueError as e:
         _fail(f"rejected: {e}")
+        return EXIT_USAGE
+    except admin.InvalidInput as e:
+        _fail(str(e))
         return EXIT_USAGE
     except (SchemaError, PgjobdError) as e:
         _fail(str(e))
@@ -92,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--unique-key")
     p.add_argument("--max-attempts", type=int)
     p.set_defaults(command=_enqueue)
+
+    _admin_parsers(sub, common)
 
     p = sub.add_parser("dev", help="a private PostgreSQL, the schema and example jobs")
     dev.add_arguments(p)
@@ -237,3 +244,296 @@ def _parse_time(text: str) -> datetime:
 
 def _fail(message: str) -> None:
     print(f"pgjobd: {message}", file=sys.stderr)
+
+
+# -- admin commands (pgjobd.admin; JSON shapes in docs/cli.md) ---------------------------
+
+AdminAction = Callable[[argparse.Namespace, asyncpg.Pool, str], Coroutine[Any, Any, int]]
+
+
+def _admin_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("status", parents=[common], help="members, leader and queues")
+    p.set_defaults(command=_admin(_status))
+
+    jobs = sub.add_parser("jobs", help="inspect and act on jobs").add_subparsers(
+        metavar="ACTION", required=True
+    )
+    p = jobs.add_parser("list", parents=[common], help="jobs, newest first")
+    p.add_argument("--state", action="append", choices=admin.STATES, help="repeatable")
+    p.add_argument("--queue")
+    p.add_argument("--kind")
+    p.add_argument("--limit", type=int, default=admin.DEFAULT_LIMIT)
+    p.set_defaults(command=_admin(_jobs_list))
+    p = jobs.add_parser("show", parents=[common], help="one job, live or finished")
+    p.add_argument("id", type=int)
+    p.set_defaults(command=_admin(_jobs_show))
+    p = jobs.add_parser("retry", parents=[common], help="run jobs again now")
+    p.add_argument("ids", type=int, nargs="+", metavar="ID")
+    p.set_defaults(command=_admin(_jobs_retry))
+    p = jobs.add_parser("cancel", parents=[common], help="cancel pending or running jobs")
+    p.add_argument("ids", type=int, nargs="+", metavar="ID")
+    p.set_defaults(command=_admin(_jobs_cancel))
+
+    queues = sub.add_parser("queues", help="pause or resume queues").add_subparsers(
+        metavar="ACTION", required=True
+    )
+    for name, paused in (("pause", True), ("resume", False)):
+        what = "stop" if paused else "restart"
+        p = queues.add_parser(name, parents=[common], help=f"{what} claiming, fleet-wide")
+        p.add_argument("queue")
+        p.set_defaults(command=_admin(_queues_set), paused=paused)
+
+    dlq = sub.add_parser("dlq", help="dead jobs: look and put back").add_subparsers(
+        metavar="ACTION", required=True
+    )
+    for name in ("list", "redrive"):
+        verb = "list" if name == "list" else "retry every matching"
+        p = dlq.add_parser(name, parents=[common], help=f"{verb} dead jobs")
+        p.add_argument("--kind")
+        p.add_argument("--queue")
+        p.add_argument("--since", type=_since, help='dead since: "2h" ago, or an ISO 8601 time')
+        if name == "list":
+            p.add_argument("--limit", type=int, default=admin.DEFAULT_LIMIT)
+        p.set_defaults(command=_admin(_dlq_list if name == "list" else _dlq_redrive))
+
+    cron = sub.add_parser("cron", help="schedules and their next run").add_subparsers(
+        metavar="ACTION", required=True
+    )
+    p = cron.add_parser("list", parents=[common], help="every schedule and its next run")
+    p.set_defaults(command=_admin(_cron_list))
+    p = cron.add_parser("trigger", parents=[common], help="enqueue one job of a schedule now")
+    p.add_argument("name")
+    p.set_defaults(command=_admin(_cron_trigger))
+
+
+def _since(text: str) -> datetime | timedelta:
+    try:
+        return parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        return _parse_time(text)
+    except EnqueueError:
+        raise argparse.ArgumentTypeError(
+            f'expected a duration ("30m", "2h", "7d") or an ISO 8601 time, got {text!r}'
+        ) from None
+
+
+def _admin(action: AdminAction) -> Command:
+    """A command run on a one-connection pool after checking the schema's version."""
+
+    def command(args: argparse.Namespace) -> int:
+        cfg = _load_config(args)
+
+        async def run() -> int:
+            pool = await asyncpg.create_pool(
+                cfg.require_dsn(), min_size=1, max_size=1,
+                timeout=cfg.database.connect_timeout.total_seconds(),
+            )  # fmt: skip
+            try:
+                async with pool.acquire() as conn:
+                    await migrate.check_schema(conn, cfg.database.schema)
+                return await action(args, pool, cfg.database.schema)
+            finally:
+                await pool.close()
+
+        return _run(run)
+
+    return command
+
+
+def _print_json(value: object) -> None:
+    print(msgspec.json.encode(value).decode())
+
+
+async def _status(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) -> int:
+    status = await admin.status(pool, schema)
+    if args.json:
+        _print_json(status)
+        return EXIT_OK
+    leader = status.leader
+    led = f"leader {leader.member} (term {leader.term})" if leader else "no leader"
+    print(f"members: {len(status.members)} live; {led}")
+    rows = [
+        [m.id, m.host, str(m.pid), m.version, "yes" if m.leader else "", _age(m.uptime_s),
+         _time(m.heartbeat_at), ",".join(m.queues)]
+        for m in status.members
+    ]  # fmt: skip
+    headers = ["MEMBER", "HOST", "PID", "VERSION", "LEADER", "UPTIME", "HEARTBEAT", "QUEUES"]
+    _table(headers, rows)
+    print()
+    print(f"queues: {len(status.queues)}")
+    rows = [
+        [name, str(s.available), str(s.scheduled), str(s.running), str(s.retryable),
+         str(s.dead_last_hour), _age(s.oldest_available_age_s), f"{s.throughput_per_s:.2f}",
+         "PAUSED" if s.paused else ""]
+        for name, s in status.queues.items()
+    ]  # fmt: skip
+    headers = ["QUEUE", "AVAILABLE", "SCHEDULED", "RUNNING", "RETRYABLE", "DEAD/1H",
+               "OLDEST", "JOBS/S", "PAUSED"]  # fmt: skip
+    _table(headers, rows)
+    return EXIT_OK
+
+
+async def _jobs_list(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) -> int:
+    jobs = await admin.list_jobs(
+        pool, schema, states=args.state, queue=args.queue, kind=args.kind, limit=args.limit
+    )
+    if args.json:
+        _print_json({"jobs": jobs})
+        return EXIT_OK
+    rows = [
+        [str(j.id), j.state + (" (cancel requested)" if j.cancel_requested else ""), j.queue,
+         j.kind, f"{j.attempt}/{j.max_attempts}", _time(j.finished_at or j.run_at),
+         j.reason or "", _short(j.last_error)]
+        for j in jobs
+    ]  # fmt: skip
+    _table(["ID", "STATE", "QUEUE", "KIND", "ATTEMPT", "RUN/FINISHED AT", "REASON", "LAST ERROR"],
+           rows)  # fmt: skip
+    return EXIT_OK
+
+
+async def _jobs_show(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) -> int:
+    info = await Client(pool, schema=schema).job(args.id)
+    if info is None:
+        raise admin.UnknownJobs([args.id])
+    if args.json:
+        _print_json(info)
+        return EXIT_OK
+    fields = msgspec.structs.asdict(info)
+    errors = fields.pop("errors")
+    for name, value in fields.items():
+        shown = json.dumps(value) if name in ("args", "result") else _time(value)
+        print(f"{name + ':':14} {shown}")
+    print(f"{'errors:':14} {len(errors)}")
+    for error in errors:
+        print(f"  attempt {error.attempt} at {_time(error.at)}: {error.error}")
+    return EXIT_OK
+
+
+async def _jobs_retry(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) -> int:
+    done = await admin.retry_jobs(pool, schema, args.ids, user=admin.os_user())
+    return _print_job_outcomes(args, done)
+
+
+async def _jobs_cancel(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) -> int:
+    done = await admin.cancel_jobs(pool, schema, args.ids, user=admin.os_user())
+    return _print_job_outcomes(args, done)
+
+
+def _print_job_outcomes(args: argparse.Namespace, done: admin.JobsAction) -> int:
+    if args.json:
+        _print_json(done)
+        return EXIT_OK
+    for job in done.jobs:
+        print(f"job {job.id}: {job.outcome.replace('_', ' ')} (was {job.state})")
+    return EXIT_OK
+
+
+async def _queues_set(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) -> int:
+    done = await admin.set_paused(pool, schema, args.queue, args.paused, user=admin.os_user())
+    if args.json:
+        _print_json(done)
+        return EXIT_OK
+    state = "paused" if done.paused else "resumed"
+    print(f"queue {done.queue}: {state}" + ("" if done.changed else " (it already was)"))
+    return EXIT_OK
+
+
+async def _dlq_list(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) -> int:
+    jobs = await admin.list_dead(
+        pool, schema, kind=args.kind, queue=args.queue, since=args.since, limit=args.limit
+    )
+    if args.json:
+        _print_json({"jobs": jobs})
+        return EXIT_OK
+    rows = [
+        [str(j.id), j.queue, j.kind, f"{j.attempt}/{j.max_attempts}", j.reason or "",
+         _time(j.finished_at), _short(j.last_error)]
+        for j in jobs
+    ]  # fmt: skip
+    _table(["ID", "QUEUE", "KIND", "ATTEMPT", "REASON", "DEAD AT", "LAST ERROR"], rows)
+    return EXIT_OK
+
+
+async def _dlq_redrive(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) -> int:
+    done = await admin.redrive(
+        pool, schema, kind=args.kind, queue=args.queue, since=args.since, user=admin.os_user()
+    )
+    if args.json:
+        _print_json(done)
+        return EXIT_OK
+    print(f"redrove {len(done.ids)} dead job(s)" + (f": {_ids(done.ids)}" if done.ids else ""))
+    if done.blocked:
+        print(f"left dead, a live job holds their unique_key: {_ids(done.blocked)}")
+    return EXIT_OK
+
+
+async def _cron_list(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) -> int:
+    entries = await admin.list_cron(pool, schema)
+    if args.json:
+        _print_json({"schedules": entries})
+        return EXIT_OK
+    rows = [
+        [e.name, e.schedule, e.timezone, e.kind, e.queue or "", e.catch_up,
+         "yes" if e.enabled else "no", e.source, _time(e.last_slot),
+         e.error or _time(e.next_run)]
+        for e in entries
+    ]  # fmt: skip
+    _table(["NAME", "SCHEDULE", "TIMEZONE", "KIND", "QUEUE", "CATCH-UP", "ENABLED", "SOURCE",
+            "LAST SLOT", "NEXT RUN"], rows)  # fmt: skip
+    return EXIT_OK
+
+
+async def _cron_trigger(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) -> int:
+    done = await admin.trigger_cron(pool, schema, args.name, user=admin.os_user())
+    if args.json:
+        _print_json(done)
+    else:
+        print(done.id)
+    return EXIT_OK
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> None:
+    """Aligned columns, two spaces apart; '(none)' for no rows."""
+    if not rows:
+        print("(none)")
+        return
+    widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
+    for row in [headers, *rows]:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{whole}s"
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (secs, "s")]
+    shown = [f"{n}{unit}" for n, unit in parts if n][:2]
+    return "".join(shown)
+
+
+def _time(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    return str(value)
+
+
+def _short(text: str | None, width: int = 60) -> str:
+    if not text:
+        return ""
+    line = text.splitlines()[0] if text.strip() else text
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(str(i) for i in ids)

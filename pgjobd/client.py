@@ -17,7 +17,7 @@ import anyio.from_thread
 import asyncpg
 import msgspec
 
-from pgjobd import errors, migrate
+from pgjobd import admin, errors, migrate
 from pgjobd.duration import to_timedelta
 from pgjobd.errors import DuplicateJob, EnqueueError
 from pgjobd.handler import ArgsError, DurationLike, validate_args
@@ -261,6 +261,25 @@ class Client:
         record["errors"] = [dict(a) for a in attempts]
         return msgspec.convert(record, JobInfo)
 
+    async def cancel(self, job_id: int) -> str:
+        """Cancel a job: a pending one is cancelled at once ("cancelled"); a running one
+        is asked to stop ("cancel_requested": its handler's ctx.cancelled is set, and
+        unless it completes it ends cancelled); a finished one is left ("already_final").
+        Audited; raises pgjobd.admin.UnknownJobs for an unknown id."""
+        await self.check_schema()
+        done = await admin.cancel_jobs(self.pool, self.schema, [job_id], user=admin.os_user())
+        return done.jobs[0].outcome
+
+    async def retry(self, job_id: int) -> str:
+        """Run a job again now: a finished one (dead, cancelled, completed) goes back
+        under its id ("retried"), a scheduled or retryable one is made available now
+        ("made_available"); "already_available" and "running" change nothing. Audited;
+        raises pgjobd.admin.UnknownJobs for an unknown id, RetryBlocked when a live job
+        holds its unique_key."""
+        await self.check_schema()
+        done = await admin.retry_jobs(self.pool, self.schema, [job_id], user=admin.os_user())
+        return done.jobs[0].outcome
+
     # -- checks ---------------------------------------------------------------------
 
     def _check(self, spec: JobSpec, position: int | None) -> _Checked:
@@ -398,6 +417,14 @@ class SyncClient:
 
     def job(self, job_id: int) -> JobInfo | None:
         result: JobInfo | None = self._portal.call(self._client.job, job_id)
+        return result
+
+    def cancel(self, job_id: int) -> str:
+        result: str = self._portal.call(self._client.cancel, job_id)
+        return result
+
+    def retry(self, job_id: int) -> str:
+        result: str = self._portal.call(self._client.retry, job_id)
         return result
 
     def close(self) -> None:

@@ -121,6 +121,21 @@ def _parse_listen(listen: str) -> tuple[str, int]:
     return host, port
 
 
+_SIZE = re.compile(r"(\d+)\s*(kB|MB|GB)")
+_SIZE_UNITS = {"kB": 1024, "MB": 1024**2, "GB": 1024**3}
+
+
+def parse_size(text: str) -> int:
+    """Bytes in a size like "512MB" (kB, MB, GB are powers of 1024, as in PostgreSQL);
+    "" and "0" mean no limit (0)."""
+    if text in ("", "0"):
+        return 0
+    match = _SIZE.fullmatch(text.strip())
+    if not match:
+        raise ValueError(f'expected a size like "512MB" or "2GB" (kB, MB, GB), got {text!r}')
+    return int(match[1]) * _SIZE_UNITS[match[2]]
+
+
 class QueueConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     concurrency: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 20
     processes: Annotated[int, msgspec.Meta(ge=1, le=1_000)] = 2
@@ -130,8 +145,20 @@ class QueueConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     backoff_max: Duration = Duration(hours=1)
     max_crashes: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 3
     history: Literal["all", "failures", "none"] = "all"
+    # A worker process that ran this many jobs (0: no limit), or grew past this much
+    # resident memory ("" or "0": no limit), finishes its jobs and is replaced.
+    max_jobs_per_process: Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)] = 0
+    max_rss: str = ""
+
+    @property
+    def max_rss_bytes(self) -> int:
+        return parse_size(self.max_rss)
 
     def __post_init__(self) -> None:
+        try:
+            parse_size(self.max_rss)
+        except ValueError as e:
+            raise FieldProblem("max_rss", str(e)) from None
         if self.processes > self.concurrency:
             raise FieldProblem(
                 "processes",

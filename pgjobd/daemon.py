@@ -140,7 +140,7 @@ class Member:
                     )  # fmt: skip
                     intake.start_soon(self.roles.run)
                     intake.start_soon(Elector(self.config, self.q, self.id, changes).run)
-                    await intake.start(self._watch_signals, pool, intake)
+                    await services.start(self._watch_signals, pool, intake)
                     # Joined only now: a member in the table handles SIGTERM and SIGHUP.
                     await self._join(pool)
                     self.ready.set()
@@ -210,6 +210,7 @@ class Member:
                 if signum == signal.SIGHUP:
                     if not self.draining:
                         intake.start_soon(self.reload, pool)
+                    continue
                 elif not self.draining:
                     self.draining = True
                     systemd.notify("STOPPING=1")
@@ -217,9 +218,9 @@ class Member:
                         "%s: draining", signal.Signals(signum).name,
                         extra={"event": "member.draining", "member": self.id},
                     )  # fmt: skip
-                    intake.cancel_scope.cancel()  # also ends this task: see _drain
+                    intake.cancel_scope.cancel()
                 else:
-                    self._stop_now.set()
+                    self._stop_now.set()  # one receiver all along: no gap for a default
 
     async def reload(self, pool: asyncpg.Pool) -> None:
         """SIGHUP: read the config and handler directories again and start a new
@@ -273,21 +274,10 @@ class Member:
     async def _drain(self) -> None:
         """Let jobs in flight finish until drain_timeout; give back the rest."""
         deadline_s = self.config.daemon.drain_timeout.total_seconds()
-        async with anyio.create_task_group() as tg:
-
-            async def second_signal() -> None:
-                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                    async for _ in signals:
-                        self._stop_now.set()
-
-            tg.start_soon(second_signal)
-            with anyio.move_on_after(deadline_s):
-                while self.held():
-                    with anyio.move_on_after(0.05):
-                        await self._stop_now.wait()
-                    if self._stop_now.is_set():
-                        break
-            tg.cancel_scope.cancel()
+        with anyio.move_on_after(deadline_s):
+            while self.held() and not self._stop_now.is_set():
+                with anyio.move_on_after(0.05):
+                    await self._stop_now.wait()
         for job_id, (worker_pool, job) in self.held().items():
             self.completer.given_back.add(job_id)
             await worker_pool.outcomes.send(Outcome(job, "given_back"))

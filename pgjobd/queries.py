@@ -6,7 +6,7 @@ from functools import cache
 
 from pgjobd import sql_text
 
-QUERY_FILES = ("job.sql", "member.sql", "leader.sql", "cron.sql", "maintenance.sql")
+QUERY_FILES = ("job.sql", "member.sql", "leader.sql", "cron.sql", "maintenance.sql", "admin.sql")
 
 
 class Queries:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -65,6 +66,11 @@ BOOT_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 # boot for the backoff (a handler module that kills its process from a thread).
 MIN_UPTIME_S = 10.0
 OOM_HINT = "(SIGKILL: possibly the kernel's OOM killer)"
+# This many boot failures in a row mark the queue failed (it keeps retrying at the
+# longest delay, and recovers by itself once a worker starts).
+CRASH_LOOP_LIMIT = 5
+RSS_CHECK_S = 5.0
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass(eq=False)
@@ -89,6 +95,8 @@ class _Child:
     overdue_job: int | None = None
     ready_at: float = 0.0
     crashed_jobs: int = 0
+    jobs_done: int = 0
+    recycled: str | None = None  # why it was asked to stop and be replaced
 
     @property
     def pid(self) -> int:
@@ -130,6 +138,8 @@ class WorkerPool:
         self._slot_scopes: dict[int, anyio.CancelScope] = {}
         self._slot_ended: dict[int, anyio.Event] = {}
         self._watchdog_wakes_at = -math.inf  # no need to wake it for later deadlines
+        # Why this queue cannot run workers (a crash loop), for /readyz; None when fine.
+        self.failed: str | None = None
 
     # -- the producer's and lease keeper's interface ---------------------------------
 
@@ -223,6 +233,7 @@ class WorkerPool:
                     self._slot_ended[child.index] = anyio.Event()
                     tg.start_soon(self._keep_slot, child, name=f"{self.queue} worker slot")
                 tg.start_soon(self._watchdog, name=f"{self.queue} worker watchdog")
+                tg.start_soon(self._watch_memory, name=f"{self.queue} worker memory")
                 self._notify_changed()
                 kinds = {k: i for child in first for k, i in child.kinds.items()}
                 log.info(
@@ -328,7 +339,9 @@ class WorkerPool:
                         await self._serve(current)
                         uptime = anyio.current_time() - current.ready_at
                         # Dying on its own, soon after Ready and with no job: back off too.
-                        alone = not (current.kill_reason or current.crashed_jobs)
+                        alone = not (
+                            current.kill_reason or current.crashed_jobs or current.recycled
+                        )
                         failures = failures + 1 if uptime < MIN_UPTIME_S and alone else 0
                     if self._stopping:
                         return
@@ -347,8 +360,20 @@ class WorkerPool:
                         failures += 1
                         log.error("%s; retrying", e, extra={
                             "event": "worker.boot_failed", "queue": self.queue})  # fmt: skip
+                        if failures >= CRASH_LOOP_LIMIT and self.failed is None:
+                            self.failed = f"{failures} worker starts failed in a row: {e}"
+                            log.error(
+                                "queue %s failed: %s", self.queue, self.failed,
+                                extra={"event": "queue.failed", "queue": self.queue},
+                            )  # fmt: skip
                         current = None
                         continue
+                    if self.failed is not None:
+                        log.info(
+                            "queue %s recovered", self.queue,
+                            extra={"event": "queue.recovered", "queue": self.queue},
+                        )  # fmt: skip
+                        self.failed = None
                     log.info(
                         "queue %s: worker process %d replaced by %d",
                         self.queue, previous, current.pid,
@@ -401,9 +426,41 @@ class WorkerPool:
         await self.outcomes.send(outcome)  # bounded: a slow completer slows us here
         # Only now is the slot free: until the outcome is handed over the job is held.
         del child.held[done.job_id]
+        child.jobs_done += 1
+        limit = self.config.max_jobs_per_process
+        if limit and child.jobs_done >= limit:
+            self._recycle(child, f"ran {child.jobs_done} jobs (max_jobs_per_process)")
         self._notify_changed()
 
+    def _recycle(self, child: _Child, why: str) -> None:
+        """Take no more work to the child; it finishes what it holds, exits, and is
+        replaced (see _keep_slot)."""
+        if child.recycled is not None or child.kill_reason is not None:
+            return
+        child.recycled = why
+        child.retiring = True
+        log.info(
+            "queue %s: recycling worker process %d: %s", self.queue, child.pid, why,
+            extra={"event": "worker.recycled", "queue": self.queue, "pid": child.pid},
+        )  # fmt: skip
+        if self._tg is not None:
+            self._tg.start_soon(self._send_quietly, child, Stop())
+
+    async def _watch_memory(self) -> None:
+        """Recycle a worker whose resident memory grew past max_rss."""
+        limit = self.config.max_rss_bytes
+        if not limit:
+            return
+        while True:
+            await anyio.sleep(RSS_CHECK_S)
+            for child in list(self._children.values()):
+                rss = resident_bytes(child.pid)
+                if rss is not None and rss > limit and child.ready:
+                    self._recycle(child, f"resident memory {rss >> 20} MiB > max_rss")
+
     async def _report_death(self, child: _Child, returncode: int | None) -> None:
+        if child.recycled is not None and not child.held and returncode == 0:
+            return  # it finished its work and left as asked
         if child.kill_reason is not None:
             reason = child.kill_reason
         elif returncode == -signal.SIGKILL:  # not ours: _kill sets kill_reason
@@ -525,6 +582,15 @@ class WorkerPool:
     def _notify_deadlines(self) -> None:
         if self._deadlines_changed is not None:
             self._deadlines_changed.set()
+
+
+def resident_bytes(pid: int) -> int | None:
+    """A process's resident set size (Linux /proc), or None if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def describe_exit(returncode: int | None) -> str:

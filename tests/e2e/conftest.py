@@ -77,11 +77,12 @@ async def start_member(
         wait_ready: bool = True, server_dsn: str | None = None,
     ) -> MemberProcess:  # fmt: skip
         index = len(started)
+        drain = "" if "drain_timeout" in daemon else 'drain_timeout = "10s"\n'
         config = tmp_path / f"member{index}.toml"
         config.write_text(
             f'[database]\nschema = "{schema}"\n\n'
             f'[daemon]\nhandlers = ["{handlers}"]\nmetrics_listen = ""\n'
-            f'log_format = "text"\ndrain_timeout = "10s"\n{daemon}\n{queues}'
+            f'log_format = "text"\n{drain}{daemon}\n{queues}'
         )
         log_path = tmp_path / f"member{index}.log"
         env = {**os.environ, "PGJOBD_DSN": server_dsn or dsn}

@@ -1,0 +1,526 @@
+"""The admin operations behind `pgjobd status/jobs/queues/dlq/cron` and
+`Client.cancel/retry`: async functions over an asyncpg connection or pool.
+
+Every action (cancel, retry, pause, resume, redrive, cron trigger) runs in one
+transaction with its row in ``<schema>.audit`` (the database role, the caller's $USER,
+the action, its target and the job ids): the row exists exactly when the action took
+effect. Actions on job ids are all-or-nothing: one unknown id (or one retry blocked by a
+live job's unique_key) raises and changes nothing.
+
+Reads (status, lists) return msgspec Structs whose fields are the `--json` shapes
+documented in docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+from typing import Any, Literal, TypeAlias, TypeVar
+
+import asyncpg
+import msgspec
+
+from pgjobd import cron_schedule
+from pgjobd.errors import PgjobdError
+from pgjobd.leader import unsigned
+from pgjobd.lock_keys import LEADER, lock_key
+from pgjobd.names import queue_name_problem
+from pgjobd.queries import Queries, for_schema
+from pgjobd.roles import cron as cron_role
+
+Db: TypeAlias = asyncpg.Connection | asyncpg.Pool
+
+# A member whose heartbeat is older than this is not listed by `status`.
+MEMBER_LIVENESS = timedelta(seconds=30)
+DEFAULT_LIMIT = 50
+
+LIVE_STATES = ("scheduled", "available", "running", "retryable")
+FINAL_STATES = ("completed", "dead", "cancelled")
+STATES = LIVE_STATES + FINAL_STATES
+
+CancelOutcome = Literal["cancelled", "cancel_requested", "already_final"]
+RetryOutcome = Literal["retried", "made_available", "already_available", "running"]
+
+_json = msgspec.json.Encoder()
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+class UnknownJobs(PgjobdError):
+    """Some job ids name no live job and no final record; nothing was changed."""
+
+    def __init__(self, ids: Sequence[int]) -> None:
+        self.ids = list(ids)
+        listed = ", ".join(str(i) for i in self.ids)
+        super().__init__(f"no such job{'s' if len(self.ids) > 1 else ''}: {listed}")
+
+
+class RetryBlocked(PgjobdError):
+    """Retrying these jobs would break a live job's unique_key; nothing was changed."""
+
+    def __init__(self, ids: Sequence[int]) -> None:
+        self.ids = list(ids)
+        listed = ", ".join(str(i) for i in self.ids)
+        super().__init__(
+            f"cannot retry job(s) {listed}: a live job holds the same unique_key "
+            "(or two of them share one); nothing was changed"
+        )
+
+
+class UnknownSchedule(PgjobdError):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"no such cron schedule: {name}")
+
+
+class InvalidInput(PgjobdError, ValueError):
+    """A bad argument (a queue name, a state): the CLI's usage error."""
+
+
+# -- results -----------------------------------------------------------------------------
+
+
+class MemberStatus(msgspec.Struct, frozen=True):
+    id: str
+    host: str
+    pid: int
+    version: str
+    leader: bool
+    started_at: datetime
+    heartbeat_at: datetime
+    uptime_s: float
+    queues: list[str]
+
+
+class LeaderStatus(msgspec.Struct, frozen=True):
+    member: str
+    term: int
+
+
+class QueueStatus(msgspec.Struct, frozen=True):
+    available: int
+    scheduled: int
+    running: int
+    retryable: int
+    oldest_available_age_s: float | None
+    paused: bool
+    dead_last_hour: int
+    throughput_per_s: float
+
+
+class Status(msgspec.Struct, frozen=True):
+    members: list[MemberStatus]
+    leader: LeaderStatus | None
+    queues: dict[str, QueueStatus]
+
+
+class JobSummary(msgspec.Struct, frozen=True):
+    """One line of `jobs list`."""
+
+    id: int
+    state: str
+    queue: str
+    kind: str
+    attempt: int
+    max_attempts: int
+    priority: int
+    run_at: datetime
+    enqueued_at: datetime
+    finished_at: datetime | None
+    reason: str | None
+    last_error: str | None
+    cancel_requested: bool
+
+
+class DeadJob(msgspec.Struct, frozen=True):
+    """One line of `dlq list`."""
+
+    id: int
+    kind: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    reason: str | None
+    finished_at: datetime
+    enqueued_at: datetime
+    last_error: str | None
+    args: dict[str, Any]
+
+
+class JobOutcome(msgspec.Struct, frozen=True):
+    id: int
+    outcome: str  # CancelOutcome or RetryOutcome
+    state: str  # the job's state before the action
+
+
+class JobsAction(msgspec.Struct, frozen=True):
+    """What `jobs cancel` / `jobs retry` did, per job, in the order given."""
+
+    action: str
+    jobs: list[JobOutcome]
+    audit_id: int
+
+
+class QueueAction(msgspec.Struct, frozen=True):
+    action: str
+    queue: str
+    paused: bool
+    changed: bool
+    audit_id: int
+
+
+class Redrive(msgspec.Struct, frozen=True):
+    action: str
+    ids: list[int]
+    blocked: list[int]  # stayed dead: a live job holds their unique_key
+    audit_id: int
+
+
+class CronEntry(msgspec.Struct, frozen=True):
+    name: str
+    schedule: str
+    timezone: str
+    kind: str
+    queue: str | None
+    catch_up: str
+    enabled: bool
+    source: str
+    last_slot: datetime | None
+    next_run: datetime | None
+    args: dict[str, Any]
+    error: str | None  # why next_run could not be computed (a bad 'api' row)
+
+
+class CronTriggered(msgspec.Struct, frozen=True):
+    action: str
+    name: str
+    id: int
+    audit_id: int
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+def os_user() -> str | None:
+    """Who runs this process, as the operating system says: $USER, else the login name."""
+    user = os.environ.get("USER")
+    if user:
+        return user
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return None
+
+
+@asynccontextmanager
+async def _connection(db: Db) -> AsyncIterator[asyncpg.Connection]:
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn:
+            yield conn
+    else:
+        yield db
+
+
+def _unique(ids: Iterable[int]) -> list[int]:
+    seen: dict[int, None] = {}
+    for job_id in ids:
+        if isinstance(job_id, bool) or not isinstance(job_id, int):
+            raise InvalidInput(f"job ids are integers, got {job_id!r}")
+        seen.setdefault(job_id, None)
+    return list(seen)
+
+
+T = TypeVar("T")
+
+
+def _with_args(row: Mapping[str, Any], into: type[T]) -> T:
+    """A row whose `args` column is JSON text, as a Struct (unknown columns ignored)."""
+    return msgspec.convert({**row, "args": msgspec.json.decode(row["args"])}, into)
+
+
+async def _audit(
+    conn: asyncpg.Connection,
+    q: Queries,
+    user: str | None,
+    action: str,
+    *,
+    target: str | None = None,
+    job_ids: Sequence[int] = (),
+    detail: dict[str, Any] | None = None,
+) -> int:
+    audit_id: int = await conn.fetchval(
+        q["admin_audit_insert"], user, action, target, list(job_ids),
+        _json.encode(detail or {}).decode(),
+    )  # fmt: skip
+    return audit_id
+
+
+async def _states(
+    conn: asyncpg.Connection, q: Queries, ids: list[int]
+) -> tuple[dict[int, str], dict[int, str]]:
+    """Locks the live jobs among `ids`; (live states, final states). Unknown ids raise."""
+    live = {r["id"]: r["state"] for r in await conn.fetch(q["admin_jobs_lock_live"], ids)}
+    rest = [i for i in ids if i not in live]
+    final: dict[int, str] = {}
+    if rest:
+        rows = await conn.fetch(q["admin_jobs_final_states"], rest)
+        final = {r["id"]: r["state"] for r in rows}
+    unknown = [i for i in rest if i not in final]
+    if unknown:
+        raise UnknownJobs(unknown)
+    return live, final
+
+
+# -- status ------------------------------------------------------------------------------
+
+
+async def status(db: Db, schema: str, *, liveness: timedelta = MEMBER_LIVENESS) -> Status:
+    """Members, leader and queues, read in one snapshot."""
+    q = for_schema(schema)
+    async with (
+        _connection(db) as conn,
+        conn.transaction(isolation="repeatable_read", readonly=True),
+    ):
+        leader_row = await conn.fetchrow(
+            q["admin_status_leader"], *unsigned(lock_key(LEADER, schema))
+        )
+        member_rows = await conn.fetch(q["admin_status_members"], liveness)
+        queue_rows = await conn.fetch(q["admin_status_queues"], liveness)
+    leader = (
+        LeaderStatus(member=leader_row["member"], term=leader_row["term"]) if leader_row else None
+    )
+    members = [
+        msgspec.convert(
+            {**dict(r), "leader": leader is not None and leader.member == r["id"]}, MemberStatus
+        )
+        for r in member_rows
+    ]
+    queues = {r["queue"]: msgspec.convert(dict(r), QueueStatus) for r in queue_rows}
+    return Status(members=members, leader=leader, queues=queues)
+
+
+# -- jobs --------------------------------------------------------------------------------
+
+
+async def list_jobs(
+    db: Db,
+    schema: str,
+    *,
+    states: Sequence[str] | None = None,
+    queue: str | None = None,
+    kind: str | None = None,
+    limit: int = DEFAULT_LIMIT,
+) -> list[JobSummary]:
+    """Jobs newest first; live states are read from the hot table, final ones from
+    history, and only the tables the states need are read."""
+    if states is not None:
+        bad = sorted(set(states) - set(STATES))
+        if bad:
+            expected = ", ".join(STATES)
+            raise InvalidInput(f"unknown state {', '.join(bad)}: expected one of {expected}")
+    if limit < 1:
+        raise InvalidInput(f"limit must be at least 1, got {limit}")
+    live = states is None or any(s in LIVE_STATES for s in states)
+    final = states is None or any(s in FINAL_STATES for s in states)
+    q = for_schema(schema)
+    async with _connection(db) as conn:
+        rows = await conn.fetch(
+            q["admin_jobs_list"], list(states) if states is not None else None, queue, kind,
+            limit, live, final,
+        )  # fmt: skip
+    return [msgspec.convert(dict(r), JobSummary) for r in rows]
+
+
+async def cancel_jobs(
+    db: Db, schema: str, ids: Iterable[int], *, user: str | None = None
+) -> JobsAction:
+    """Cancel jobs: a pending one (scheduled, available, retryable) is moved to history
+    as cancelled at once; a running one gets cancel_requested and its member is told
+    (NOTIFY <schema>.job_cancel) to set the handler's ctx.cancelled; a finished one is
+    left alone. All-or-nothing: an unknown id raises UnknownJobs, nothing changes."""
+    wanted = _unique(ids)
+    q = for_schema(schema)
+    async with _connection(db) as conn, conn.transaction():
+        live, final = await _states(conn, q, wanted)
+        pending = [i for i, s in live.items() if s != "running"]
+        running = [i for i, s in live.items() if s == "running"]
+        done = await conn.fetchrow(q["admin_jobs_cancel"], pending, running)
+        assert done is not None
+        cancelled, flagged = set(done["cancelled"]), set(done["flagged"])
+        outcomes = []
+        for i in wanted:
+            outcome: CancelOutcome = "already_final"
+            if i in cancelled:
+                outcome = "cancelled"
+            elif i in flagged:
+                outcome = "cancel_requested"
+            outcomes.append(JobOutcome(id=i, outcome=outcome, state=live.get(i) or final[i]))
+        audit_id = await _audit(
+            conn, q, user, "jobs.cancel", job_ids=wanted,
+            detail={"outcomes": {str(o.id): o.outcome for o in outcomes}},
+        )  # fmt: skip
+    return JobsAction(action="jobs.cancel", jobs=outcomes, audit_id=audit_id)
+
+
+async def retry_jobs(
+    db: Db, schema: str, ids: Iterable[int], *, user: str | None = None
+) -> JobsAction:
+    """Run jobs again now: a finished one (dead, cancelled, completed) goes back to the
+    hot table under its id as available, its final record deleted in the same statement
+    (attempts kept; max_attempts raised to attempt + 1 if spent); a scheduled or
+    retryable one becomes available now; available and running ones are left alone.
+    All-or-nothing: an unknown id raises UnknownJobs, a unique_key held by a live job
+    raises RetryBlocked, and nothing changes."""
+    wanted = _unique(ids)
+    q = for_schema(schema)
+    async with _connection(db) as conn, conn.transaction():
+        live, final = await _states(conn, q, wanted)
+        waiting = [i for i, s in live.items() if s in ("scheduled", "retryable")]
+        made: set[int] = set()
+        if waiting:
+            row = await conn.fetchrow(q["admin_jobs_make_available"], waiting)
+            assert row is not None
+            made = set(row["ids"])
+        revived: set[int] = set()
+        if final:
+            row = await conn.fetchrow(q["admin_jobs_revive"], list(final))
+            assert row is not None
+            if row["blocked"]:
+                raise RetryBlocked(row["blocked"])
+            revived = set(row["ids"])
+        outcomes = []
+        for i in wanted:
+            outcome: RetryOutcome
+            if i in revived:
+                outcome = "retried"
+            elif i in made:
+                outcome = "made_available"
+            elif live.get(i) == "running":
+                outcome = "running"
+            else:  # available, or revived by someone else meanwhile
+                outcome = "already_available"
+            outcomes.append(JobOutcome(id=i, outcome=outcome, state=live.get(i) or final[i]))
+        audit_id = await _audit(
+            conn, q, user, "jobs.retry", job_ids=wanted,
+            detail={"outcomes": {str(o.id): o.outcome for o in outcomes}},
+        )  # fmt: skip
+    return JobsAction(action="jobs.retry", jobs=outcomes, audit_id=audit_id)
+
+
+# -- queues ------------------------------------------------------------------------------
+
+
+async def set_paused(
+    db: Db, schema: str, queue: str, paused: bool, *, user: str | None = None
+) -> QueueAction:
+    """Pause or resume `queue` fleet-wide (no member claims from a paused queue; jobs
+    already running finish). Members are told on <schema>.queue_control."""
+    problem = queue_name_problem(queue)
+    if problem:
+        raise InvalidInput(problem)
+    action = "queues.pause" if paused else "queues.resume"
+    q = for_schema(schema)
+    async with _connection(db) as conn, conn.transaction():
+        row = await conn.fetchrow(q["admin_queue_set_paused"], queue, paused, user)
+        assert row is not None
+        changed = row["was_paused"] != row["paused"]
+        audit_id = await _audit(conn, q, user, action, target=queue, detail={"changed": changed})
+    return QueueAction(
+        action=action, queue=queue, paused=row["paused"], changed=changed, audit_id=audit_id
+    )
+
+
+# -- dead letters ------------------------------------------------------------------------
+
+
+async def list_dead(
+    db: Db,
+    schema: str,
+    *,
+    kind: str | None = None,
+    queue: str | None = None,
+    since: datetime | timedelta | None = None,
+    limit: int = DEFAULT_LIMIT,
+) -> list[DeadJob]:
+    """Dead jobs, most recently dead first; `since` is a time, or a duration before now."""
+    if limit < 1:
+        raise InvalidInput(f"limit must be at least 1, got {limit}")
+    q = for_schema(schema)
+    async with _connection(db) as conn:
+        start = await _since(conn, since)
+        rows = await conn.fetch(q["admin_dlq_list"], kind, queue, start, limit)
+    return [_with_args(dict(r), DeadJob) for r in rows]
+
+
+async def redrive(
+    db: Db,
+    schema: str,
+    *,
+    kind: str | None = None,
+    queue: str | None = None,
+    since: datetime | timedelta | None = None,
+    user: str | None = None,
+) -> Redrive:
+    """Retry every matching dead job (as `retry_jobs` does a dead one), in one statement.
+    Jobs whose unique_key a live job holds stay dead and are listed in `blocked`."""
+    q = for_schema(schema)
+    async with _connection(db) as conn, conn.transaction():
+        start = await _since(conn, since)
+        row = await conn.fetchrow(q["admin_dlq_redrive"], kind, queue, start)
+        assert row is not None
+        ids, blocked = list(row["ids"]), list(row["blocked"])
+        filters = {"kind": kind, "queue": queue, "since": start.isoformat() if start else None}
+        audit_id = await _audit(
+            conn, q, user, "dlq.redrive", target=queue, job_ids=ids,
+            detail={"filters": filters, "blocked": blocked},
+        )  # fmt: skip
+    return Redrive(action="dlq.redrive", ids=ids, blocked=blocked, audit_id=audit_id)
+
+
+async def _since(conn: asyncpg.Connection, since: datetime | timedelta | None) -> datetime | None:
+    if isinstance(since, timedelta):
+        now: datetime = await conn.fetchval("SELECT now()")
+        return now - since
+    return since
+
+
+# -- cron --------------------------------------------------------------------------------
+
+
+async def list_cron(db: Db, schema: str) -> list[CronEntry]:
+    """Every schedule with its next run after the database's now (None when disabled or
+    when it never fires again)."""
+    q = for_schema(schema)
+    async with _connection(db) as conn:
+        rows = await conn.fetch(q["admin_cron_list"])
+    entries = []
+    for r in rows:
+        if r["name"] is None:
+            continue
+        next_run: datetime | None = None
+        error: str | None = None
+        try:
+            zone = cron_schedule.check(r["schedule"], r["timezone"])
+            if r["enabled"]:
+                next_run = cron_schedule.next_slot(r["schedule"], zone, r["now"])
+        except cron_schedule.ScheduleError as e:
+            error = str(e)
+        record = {**dict(r), "next_run": next_run, "error": error}
+        entries.append(_with_args(record, CronEntry))
+    return entries
+
+
+async def trigger_cron(db: Db, schema: str, name: str, *, user: str | None = None) -> CronTriggered:
+    """Enqueue one job of schedule `name` now (roles.cron.trigger); UnknownSchedule if
+    there is none."""
+    q = for_schema(schema)
+    async with _connection(db) as conn, conn.transaction():
+        job_id = await cron_role.trigger(conn, q, name)
+        if job_id is None:
+            raise UnknownSchedule(name)
+        audit_id = await _audit(conn, q, user, "cron.trigger", target=name, job_ids=[job_id])
+    return CronTriggered(action="cron.trigger", name=name, id=job_id, audit_id=audit_id)

@@ -1,0 +1,305 @@
+-- The admin operations (pgjobd/admin.py: the CLI's status, jobs, queues, dlq and cron
+-- commands, and Client.cancel/retry). "{{schema}}" is the configured schema.
+--
+-- Every action runs in one transaction together with its admin_audit_insert row.
+-- Actions on jobs by id first lock the live rows (admin_jobs_lock_live), then look the
+-- rest up in history with a fresh snapshot (admin_jobs_final_states), so a job finishing
+-- meanwhile is seen in its final state rather than taken for an unknown id.
+
+-- name: admin_audit_insert
+-- $1 os user ($USER of the client, may be NULL), $2 action, $3 target (queue or cron
+-- name, or NULL), $4 job ids, $5 detail (JSON object text)
+INSERT INTO {{schema}}.audit (os_user, action, target, job_ids, detail)
+VALUES ($1, $2, $3, coalesce($4::bigint[], '{}'), coalesce($5::text::jsonb, '{}'))
+RETURNING id;
+
+-- name: admin_status_members
+-- Live members (heartbeat within $1), oldest first, with the database's now.
+-- $1 liveness (interval)
+SELECT m.id, m.host, m.pid, m.version, m.started_at, m.heartbeat_at, m.queues,
+       extract(epoch FROM now() - m.started_at)::float8 AS uptime_s
+FROM {{schema}}.member AS m
+WHERE m.heartbeat_at > now() - $1::interval
+ORDER BY m.started_at, m.id;
+
+-- name: admin_status_leader
+-- The newest term whose session still holds the leader lock (as leader.sql's fenced
+-- statements check it), or no row when nobody leads.
+-- $1, $2 the leader lock key (unsigned)
+SELECT l.term, l.member
+FROM {{schema}}.leader AS l
+WHERE l.resigned_at IS NULL
+  AND EXISTS (SELECT FROM pg_locks AS pl
+              WHERE pl.locktype = 'advisory' AND pl.classid::bigint = $1
+                AND pl.objid::bigint = $2 AND pl.objsubid = 2
+                AND pl.pid = l.backend_pid AND pl.granted)
+ORDER BY l.term DESC
+LIMIT 1;
+
+-- name: admin_status_queues
+-- Per queue: live counts by state, the oldest available job's age (s, NULL when none
+-- is available), paused, dead jobs of the last hour and completions per second over
+-- the last minute. Lists every queue that has live jobs, is served by a live member
+-- (heartbeat within $1), finished jobs in the last hour, or is paused.
+-- $1 liveness (interval)
+WITH live AS (
+    SELECT j.queue,
+           count(*) FILTER (WHERE j.state = 'available') AS available,
+           count(*) FILTER (WHERE j.state = 'scheduled') AS scheduled,
+           count(*) FILTER (WHERE j.state = 'running') AS running,
+           count(*) FILTER (WHERE j.state = 'retryable') AS retryable,
+           min(j.run_at) FILTER (WHERE j.state = 'available') AS oldest_available_at
+    FROM {{schema}}.job AS j
+    GROUP BY j.queue
+), finished AS (
+    -- finished_at prunes to the newest partitions; the BRIN index on finished_at
+    -- (0003_audit.sql) finds the last hour's pages in them.
+    SELECT h.queue,
+           count(*) FILTER (WHERE h.state = 'dead') AS dead_last_hour,
+           count(*) FILTER (WHERE h.state = 'completed'
+                              AND h.finished_at > now() - interval '60 seconds')
+               AS completed_last_minute
+    FROM {{schema}}.job_history AS h
+    WHERE h.finished_at > now() - interval '1 hour'
+    GROUP BY h.queue
+), served AS (
+    SELECT DISTINCT unnest(m.queues) AS queue
+    FROM {{schema}}.member AS m
+    WHERE m.heartbeat_at > now() - $1::interval
+), named AS (
+    SELECT queue FROM live
+    UNION SELECT queue FROM served
+    UNION SELECT queue FROM finished
+    UNION SELECT q.name FROM {{schema}}.queue AS q WHERE q.paused
+)
+SELECT n.queue,
+       coalesce(l.available, 0) AS available,
+       coalesce(l.scheduled, 0) AS scheduled,
+       coalesce(l.running, 0) AS running,
+       coalesce(l.retryable, 0) AS retryable,
+       -- (greatest() would turn "none available", a NULL, into 0)
+       CASE WHEN l.oldest_available_at IS NOT NULL
+            THEN greatest(0, extract(epoch FROM now() - l.oldest_available_at))::float8
+       END AS oldest_available_age_s,
+       coalesce(q.paused, false) AS paused,
+       coalesce(f.dead_last_hour, 0) AS dead_last_hour,
+       coalesce(f.completed_last_minute, 0) / 60.0::float8 AS throughput_per_s
+FROM named AS n
+LEFT JOIN live AS l USING (queue)
+LEFT JOIN finished AS f USING (queue)
+LEFT JOIN {{schema}}.queue AS q ON q.name = n.queue
+ORDER BY n.queue;
+
+-- name: admin_jobs_list
+-- Jobs newest (highest id) first: live ones from the hot table when $5, final ones from
+-- history when $6 (a false flag skips that table without reading it).
+-- $1 states (text[], NULL: any), $2 queue (NULL: any), $3 kind (NULL: any), $4 limit,
+-- $5 include live jobs, $6 include final jobs
+SELECT x.*
+FROM (
+    SELECT j.id, j.state::text AS state, j.queue, j.kind, j.attempt, j.max_attempts,
+           j.priority, j.run_at, j.enqueued_at, NULL::timestamptz AS finished_at,
+           NULL::text AS reason, j.last_error, j.cancel_requested
+    FROM {{schema}}.job AS j
+    WHERE $5::boolean
+      AND ($1::text[] IS NULL OR j.state::text = ANY($1::text[]))
+      AND ($2::text IS NULL OR j.queue = $2::text)
+      AND ($3::text IS NULL OR j.kind = $3::text)
+    UNION ALL
+    SELECT h.id, h.state::text, h.queue, h.kind, h.attempt, h.max_attempts, h.priority,
+           h.run_at, h.enqueued_at, h.finished_at, h.reason, h.last_error, false
+    FROM {{schema}}.job_history AS h
+    WHERE $6::boolean
+      AND ($1::text[] IS NULL OR h.state::text = ANY($1::text[]))
+      AND ($2::text IS NULL OR h.queue = $2::text)
+      AND ($3::text IS NULL OR h.kind = $3::text)
+) AS x
+ORDER BY x.id DESC
+LIMIT $4;
+
+-- name: admin_jobs_lock_live
+-- Locks the live jobs among $1 (in id order: two admins never deadlock) and gives each
+-- one's state; ids not returned are not live.
+-- $1 ids
+SELECT j.id, j.state::text AS state
+FROM {{schema}}.job AS j
+WHERE j.id = ANY($1::bigint[])
+ORDER BY j.id
+FOR UPDATE;
+
+-- name: admin_jobs_final_states
+-- The final records among $1 (one per job).
+-- $1 ids
+SELECT DISTINCT ON (h.id) h.id, h.state::text AS state, h.unique_key
+FROM {{schema}}.job_history AS h
+WHERE h.id = ANY($1::bigint[])
+ORDER BY h.id, h.finished_at DESC;
+
+-- name: admin_jobs_cancel
+-- Cancels jobs this transaction has locked: pending ones ($1) move to history as
+-- cancelled (reason 'cancelled') in this statement; running ones ($2) get
+-- cancel_requested, and each is announced on <schema>.job_cancel (payload: the id) so
+-- its member can set the handler's ctx.cancelled at once.
+-- $1 ids of pending jobs, $2 ids of running jobs
+WITH cancelled AS (
+    DELETE FROM {{schema}}.job AS j
+    WHERE j.id = ANY($1::bigint[]) AND j.state <> 'running'
+    RETURNING j.*
+), recorded AS (
+    INSERT INTO {{schema}}.job_history (id, finished_at, run_at, enqueued_at, attempted_at,
+        attempt, max_attempts, priority, state, reason, queue, kind, tenant, unique_key,
+        owner, last_error, args)
+    SELECT c.id, now(), c.run_at, c.enqueued_at, c.attempted_at, c.attempt, c.max_attempts,
+           c.priority, 'cancelled', 'cancelled', c.queue, c.kind, c.tenant, c.unique_key,
+           c.owner, c.last_error, c.args
+    FROM cancelled AS c
+), flagged AS (
+    UPDATE {{schema}}.job AS j SET cancel_requested = true
+    WHERE j.id = ANY($2::bigint[]) AND j.state = 'running'
+    RETURNING j.id
+), announced AS (
+    SELECT pg_notify('{{schema}}.job_cancel', f.id::text) FROM flagged AS f
+)
+SELECT ARRAY(SELECT c.id FROM cancelled AS c ORDER BY c.id) AS cancelled,
+       ARRAY(SELECT f.id FROM flagged AS f ORDER BY f.id) AS flagged,
+       (SELECT count(*) FROM announced) AS announced;
+
+-- name: admin_jobs_make_available
+-- Makes scheduled and retryable jobs among $1 (locked by this transaction) available
+-- now, and wakes their queues' producers.
+-- $1 ids
+WITH made AS (
+    UPDATE {{schema}}.job AS j SET state = 'available', run_at = now()
+    WHERE j.id = ANY($1::bigint[]) AND j.state IN ('scheduled', 'retryable')
+    RETURNING j.id, j.queue
+), woken AS (
+    SELECT pg_notify('{{schema}}.job_ready', q.queue)
+    FROM (SELECT DISTINCT m.queue FROM made AS m) AS q
+)
+SELECT ARRAY(SELECT m.id FROM made AS m ORDER BY m.id) AS ids,
+       (SELECT count(*) FROM woken) AS queues_woken;
+
+-- name: admin_jobs_revive
+-- Puts finished jobs (final records among $1) back in the hot table as available now,
+-- under the same id, deleting their final record in the same statement: a job has one
+-- final record again once it finishes. Attempts are kept (job_attempt rows stay
+-- numbered); max_attempts is raised to attempt + 1 if they were spent. A job whose
+-- unique_key a live job holds is not revived: its id comes back in `blocked`.
+-- $1 ids
+WITH picked AS (
+    SELECT DISTINCT ON (h.id) h.id, h.unique_key
+    FROM {{schema}}.job_history AS h
+    WHERE h.id = ANY($1::bigint[])
+    ORDER BY h.id
+), blocked AS (
+    SELECT p.id FROM picked AS p
+    WHERE p.unique_key IS NOT NULL
+      AND (EXISTS (SELECT FROM {{schema}}.job AS j WHERE j.unique_key = p.unique_key)
+           OR EXISTS (SELECT FROM picked AS o WHERE o.unique_key = p.unique_key
+                                                AND o.id > p.id))
+), moved AS (
+    DELETE FROM {{schema}}.job_history AS h
+    USING picked AS p
+    WHERE h.id = ANY($1::bigint[]) AND h.id = p.id
+      AND p.id NOT IN (SELECT b.id FROM blocked AS b)
+    RETURNING h.*
+), revived AS (
+    INSERT INTO {{schema}}.job (id, run_at, enqueued_at, attempted_at, attempt,
+        max_attempts, priority, state, queue, kind, tenant, unique_key, last_error, args)
+    SELECT m.id, now(), m.enqueued_at, m.attempted_at, m.attempt,
+           greatest(m.max_attempts, m.attempt + 1), m.priority, 'available', m.queue,
+           m.kind, m.tenant, m.unique_key, m.last_error, m.args
+    FROM moved AS m
+    RETURNING id, queue
+), woken AS (
+    SELECT pg_notify('{{schema}}.job_ready', q.queue)
+    FROM (SELECT DISTINCT r.queue FROM revived AS r) AS q
+)
+SELECT ARRAY(SELECT r.id FROM revived AS r ORDER BY r.id) AS ids,
+       ARRAY(SELECT b.id FROM blocked AS b ORDER BY b.id) AS blocked,
+       (SELECT count(*) FROM woken) AS queues_woken;
+
+-- name: admin_dlq_list
+-- Dead jobs, most recently dead first.
+-- $1 kind (NULL: any), $2 queue (NULL: any), $3 dead since (NULL: ever), $4 limit
+SELECT h.id, h.kind, h.queue, h.attempt, h.max_attempts, h.reason, h.finished_at,
+       h.enqueued_at, h.last_error, h.args::text AS args
+FROM {{schema}}.job_history AS h
+WHERE h.state = 'dead'
+  AND ($1::text IS NULL OR h.kind = $1::text)
+  AND ($2::text IS NULL OR h.queue = $2::text)
+  AND ($3::timestamptz IS NULL OR h.finished_at >= $3::timestamptz)
+ORDER BY h.finished_at DESC, h.id DESC
+LIMIT $4;
+
+-- name: admin_dlq_redrive
+-- Every matching dead job back to the hot table, as admin_jobs_revive does for ids:
+-- same id, available now, attempts kept, max_attempts raised if spent, final record
+-- deleted in this statement. Jobs whose unique_key a live job (or a newer matching dead
+-- job) holds stay dead and come back in `blocked`.
+-- $1 kind (NULL: any), $2 queue (NULL: any), $3 dead since (NULL: ever)
+WITH picked AS (
+    SELECT h.id, h.unique_key
+    FROM {{schema}}.job_history AS h
+    WHERE h.state = 'dead'
+      AND ($1::text IS NULL OR h.kind = $1::text)
+      AND ($2::text IS NULL OR h.queue = $2::text)
+      AND ($3::timestamptz IS NULL OR h.finished_at >= $3::timestamptz)
+), blocked AS (
+    SELECT p.id FROM picked AS p
+    WHERE p.unique_key IS NOT NULL
+      AND (EXISTS (SELECT FROM {{schema}}.job AS j WHERE j.unique_key = p.unique_key)
+           OR EXISTS (SELECT FROM picked AS o WHERE o.unique_key = p.unique_key
+                                                AND o.id > p.id))
+), moved AS (
+    DELETE FROM {{schema}}.job_history AS h
+    USING picked AS p
+    WHERE h.id = p.id AND h.state = 'dead'
+      AND p.id NOT IN (SELECT b.id FROM blocked AS b)
+    RETURNING h.*
+), revived AS (
+    INSERT INTO {{schema}}.job (id, run_at, enqueued_at, attempted_at, attempt,
+        max_attempts, priority, state, queue, kind, tenant, unique_key, last_error, args)
+    SELECT m.id, now(), m.enqueued_at, m.attempted_at, m.attempt,
+           greatest(m.max_attempts, m.attempt + 1), m.priority, 'available', m.queue,
+           m.kind, m.tenant, m.unique_key, m.last_error, m.args
+    FROM moved AS m
+    RETURNING id, queue
+), woken AS (
+    SELECT pg_notify('{{schema}}.job_ready', q.queue)
+    FROM (SELECT DISTINCT r.queue FROM revived AS r) AS q
+)
+SELECT ARRAY(SELECT r.id FROM revived AS r ORDER BY r.id) AS ids,
+       ARRAY(SELECT b.id FROM blocked AS b ORDER BY b.id) AS blocked,
+       (SELECT count(*) FROM woken) AS queues_woken;
+
+-- name: admin_queue_set_paused
+-- Pauses or resumes a queue fleet-wide: upserts its `queue` row and announces the
+-- change on <schema>.queue_control (payload: the queue name; members re-read the row).
+-- A resumed queue's producers are also woken on <schema>.job_ready. Notifications go
+-- out at commit.
+-- $1 queue, $2 paused, $3 updated_by
+WITH previous AS (
+    SELECT q.paused FROM {{schema}}.queue AS q WHERE q.name = $1::text
+), upserted AS (
+    INSERT INTO {{schema}}.queue AS q (name, paused, updated_at, updated_by)
+    VALUES ($1::text, $2::boolean, now(), $3::text)
+    ON CONFLICT (name) DO UPDATE
+    SET paused = excluded.paused, updated_at = excluded.updated_at,
+        updated_by = excluded.updated_by
+    RETURNING q.paused
+)
+SELECT coalesce((SELECT p.paused FROM previous AS p), false) AS was_paused,
+       (SELECT u.paused FROM upserted AS u) AS paused,
+       pg_notify('{{schema}}.queue_control', $1::text) IS NULL AS announced,
+       CASE WHEN NOT $2::boolean THEN pg_notify('{{schema}}.job_ready', $1::text) END
+           IS NULL AS woken;
+
+-- name: admin_cron_list
+-- Every schedule by name, and the database's now (one row with a NULL name when there
+-- are none).
+SELECT t.now, c.name, c.schedule, c.timezone, c.kind, c.queue, c.catch_up, c.enabled,
+       c.source, c.last_slot, c.args::text AS args, c.updated_at
+FROM (SELECT now() AS now) AS t
+LEFT JOIN {{schema}}.cron AS c ON true
+ORDER BY c.name;

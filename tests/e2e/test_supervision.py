@@ -1,0 +1,169 @@
+"""Supervision with the real `pgjobd run`: crashes, poison pills, hung handlers,
+recycling, crash loops and the drain, each asserted on the database."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import anyio
+import asyncpg
+import pytest
+
+from pgjobd import Client
+
+from .conftest import MemberProcess, wait_all_final, wait_until
+
+pytestmark = pytest.mark.anyio
+StartMember = Callable[..., Awaitable[MemberProcess]]
+ONE_QUEUE = '[queues.default]\nconcurrency = 4\nprocesses = 2\nbackoff_base = "0s"\n{extra}\n'
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [("exits", "exit status 1"), ("segfaults", "signal 11 (SIGSEGV)")],
+)
+async def test_a_crashing_job_costs_only_itself_and_is_quarantined(
+    dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember,
+    kind: str, message: str,
+) -> None:  # fmt: skip
+    await start_member(queues=ONE_QUEUE.format(extra="max_crashes = 3"))
+    async with await Client.connect(dsn, schema=schema) as client:
+        poison = await client.enqueue(kind, {})
+        others = await client.enqueue_many([("echo", {"n": i}) for i in range(30)])
+
+    records = await wait_all_final(conn, schema, 31, timeout_s=60)
+
+    assert all(records[i]["state"] == "completed" for i in others)
+    assert (records[poison]["state"], records[poison]["reason"]) == ("dead", "worker_crash")
+    crashes = await conn.fetch(
+        f"SELECT outcome, error_message FROM {schema}.job_attempt WHERE job_id = $1", poison
+    )
+    assert len(crashes) == 3  # quarantined at max_crashes, with attempts to spare
+    assert all(c["outcome"] == "crashed" and message in c["error_message"] for c in crashes)
+
+
+async def test_a_hung_handler_is_killed_and_its_slot_freed(
+    dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember
+) -> None:
+    member = await start_member(queues=ONE_QUEUE.format(extra=""))
+    async with await Client.connect(dsn, schema=schema) as client:
+        hung = await client.enqueue("hangs", {})
+        flowing = [await client.enqueue("echo", {"n": i}) for i in range(10)]
+
+    records = await wait_all_final(conn, schema, 11, timeout_s=60)
+
+    assert all(records[i]["state"] == "completed" for i in flowing)
+    assert (records[hung]["state"], records[hung]["reason"]) == ("dead", "attempts_exhausted")
+    assert "ran past its timeout of 1s" in records[hung]["last_error"]
+    assert "worker.killed" in member.log or "killed after" in member.log
+
+
+async def test_workers_are_recycled_after_max_jobs(
+    dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger"
+    member = await start_member(
+        queues="[queues.default]\nconcurrency = 2\nprocesses = 1\nmax_jobs_per_process = 5\n"
+    )
+    async with await Client.connect(dsn, schema=schema) as client:
+        await client.enqueue_many([("record", {"path": str(ledger)}) for _ in range(20)])
+
+    records = await wait_all_final(conn, schema, 20, timeout_s=60)
+
+    assert {r["state"] for r in records.values()} == {"completed"}
+    assert {r["attempt"] for r in records.values()} == {1}  # recycling is not a failure
+    pids = {line.split()[4] for line in ledger.read_text().splitlines()}
+    assert len(pids) >= 4  # 20 jobs, at most 5 per process
+    assert member.log.count("recycling worker process") >= 3
+
+
+async def test_a_worker_past_max_rss_is_recycled(
+    schema: str, conn: asyncpg.Connection, start_member: StartMember
+) -> None:
+    member = await start_member(
+        queues='[queues.default]\nconcurrency = 1\nprocesses = 1\nmax_rss = "100MB"\n'
+    )
+    await conn.execute(f"SELECT {schema}.enqueue('leaks') FROM generate_series(1, 3)")
+
+    await wait_all_final(conn, schema, 3, timeout_s=60)
+    await wait_until(
+        lambda: "resident memory" in member.log, timeout_s=20, what="recycled for memory"
+    )
+
+
+async def test_a_crash_looping_queue_is_marked_failed_while_others_work(
+    schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
+) -> None:
+    handlers = tmp_path / "handlers"
+    handlers.mkdir()
+    (handlers / "ok.py").write_text(
+        "from pgjobd import job\n\n@job\nasync def ok(args: dict) -> str:\n    return 'ok'\n"
+    )
+    member = await start_member(
+        handlers=handlers,
+        queues="[queues.default]\nconcurrency = 1\nprocesses = 1\n"
+        "[queues.other]\nconcurrency = 1\nprocesses = 1\n",
+    )
+    default_pid = await wait_until(
+        lambda: _worker_pid(member.process.pid, "default"), what="default worker"
+    )
+    (handlers / "broken.py").write_text("raise RuntimeError('bad deploy')\n")
+    os.kill(default_pid, signal.SIGKILL)  # its replacements cannot import the handlers
+
+    await wait_until(
+        lambda: "queue default failed" in member.log, timeout_s=60, what="queue failed"
+    )
+    job_id = await conn.fetchval(f"SELECT {schema}.enqueue('ok', queue => 'other')")
+    records = await wait_all_final(conn, schema, 1)
+    assert records[job_id]["state"] == "completed"  # the other queue kept working
+    assert member.process.returncode is None
+
+
+def _worker_pid(parent: int, queue: str) -> int | None:
+    for proc in Path("/proc").iterdir():
+        try:
+            status = (proc / "status").read_text()
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"\nPPid:\t{parent}\n" in status and b"worker" in cmdline and queue.encode() in cmdline:
+            return int(proc.name)
+    return None
+
+
+async def _gated_job(conn: asyncpg.Connection, schema: str, tmp_path: Path) -> tuple[int, Path]:
+    gate = {"started": str(tmp_path / "started"), "release": str(tmp_path / "never")}
+    job_id = await conn.fetchval(
+        f"SELECT {schema}.enqueue('waits_for_gate', $1::jsonb)", json.dumps(gate)
+    )
+    await wait_until(anyio.Path(gate["started"]).exists, what="job running")
+    return job_id, Path(gate["started"])
+
+
+@pytest.mark.parametrize("second_signal", [False, True])
+async def test_drain_gives_back_what_does_not_finish(
+    schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path,
+    second_signal: bool,
+) -> None:  # fmt: skip
+    member = await start_member(daemon='drain_timeout = "2s"' if not second_signal else "")
+    job_id, _ = await _gated_job(conn, schema, tmp_path)
+
+    stopping = time.monotonic()
+    member.process.send_signal(signal.SIGTERM)
+    if second_signal:
+        await wait_until(lambda: "draining" in member.log, what="draining")
+        member.process.send_signal(signal.SIGTERM)
+    assert await member.stop(timeout_s=30) == 0
+    took_s = time.monotonic() - stopping
+
+    # drain_timeout 2s (or at once on a second signal), plus the worker's grace
+    assert took_s < (9 if not second_signal else 8), took_s
+    row = await conn.fetchrow(f"SELECT state, attempt FROM {schema}.job WHERE id = $1", job_id)
+    assert tuple(row) == ("available", 0)  # given back, the attempt not charged
+    assert await conn.fetchval(f"SELECT count(*) FROM {schema}.job_attempt") == 0
+    assert await conn.fetchval(f"SELECT count(*) FROM {schema}.member") == 0
