@@ -102,6 +102,15 @@ class Member:
             for job_id, job in pool.held().items()
         }
 
+    def cancel_job(self, job_id: int) -> None:
+        """An admin cancelled this job: set ctx.cancelled in the worker holding it (the
+        attempt's end then records it as cancelled, unless it completes)."""
+        held = self.held().get(job_id)
+        if held is not None:
+            log.info("job %d cancelled by an admin", job_id,
+                     extra={"event": "job.cancel_requested", "job_id": job_id})  # fmt: skip
+            held[0].cancel(job_id)
+
     async def run(self) -> None:
         """Serve until drained. Raises ConfigError (a handler that cannot be imported),
         SchemaError, or a database error at start-up."""
@@ -119,6 +128,7 @@ class Member:
         self._outcomes = send  # pools send through clones; closed when all are done
         self.completer = Completer(pool, self.q, self.id, dict(self.config.queues), receive)
         self.notifier = Notifier(self.config, self.config.queues)
+        self.notifier.on_cancel = self.cancel_job
         async with anyio.create_task_group() as services:
             services.start_soon(self.completer.run)
             services.start_soon(systemd.keep_watchdog_fed)  # also while draining
@@ -345,6 +355,9 @@ class Member:
             except TRANSIENT as e:
                 log.warning("lease renewal failed: %s", e, extra={"event": "lease.renew_failed"})
                 continue
+            for row in rows:
+                if row["cancel_requested"]:  # in case the job_cancel NOTIFY was missed
+                    held[row["id"]][0].cancel(row["id"])
             lost = held.keys() - {row["id"] for row in rows} - self.completer.given_back
             for job_id in lost:
                 worker_pool, job = held[job_id]

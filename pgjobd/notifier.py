@@ -1,4 +1,5 @@
-"""The LISTEN session: turns `<schema>.job_ready` notifications into per-queue wake-ups.
+"""The LISTEN session: turns `<schema>.job_ready` notifications into per-queue wake-ups,
+and `<schema>.job_cancel` ones (an admin cancelled a running job) into `on_cancel`.
 
 NOTIFY is a hint, never the source of truth: producers also poll. When the session is
 lost every producer is woken (to poll at once) and the session is opened again.
@@ -6,8 +7,9 @@ lost every producer is woken (to poll at once) and the session is opened again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import anyio
 import asyncpg
@@ -45,7 +47,9 @@ class Notifier:
     def __init__(self, config: Config, queues: Iterable[str]) -> None:
         self.config = config
         self.channel = f"{config.database.schema}.job_ready"
+        self.cancel_channel = f"{config.database.schema}.job_cancel"
         self.wakeups = {queue: Wakeup() for queue in queues}
+        self.on_cancel: Callable[[int], None] = lambda _job_id: None
         self.healthy = False
 
     def wakeup(self, queue: str) -> Wakeup:
@@ -56,6 +60,10 @@ class Notifier:
         wakeup = self.wakeups.get(queue)
         if wakeup is not None:
             wakeup.set()
+
+    def _on_cancel(self, _conn: object, _pid: int, _channel: str, job_id: str) -> None:
+        with contextlib.suppress(ValueError):
+            self.on_cancel(int(job_id))
 
     def _wake_all(self) -> None:
         for wakeup in self.wakeups.values():
@@ -78,6 +86,7 @@ class Notifier:
                 continue
             try:
                 await conn.add_listener(self.channel, self._on_notify)
+                await conn.add_listener(self.cancel_channel, self._on_cancel)
                 self.healthy, failures = True, 0
                 log.info("listening on %s", self.channel, extra={"event": "listener.up"})
                 self._wake_all()  # anything enqueued while we were not listening

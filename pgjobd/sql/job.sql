@@ -140,8 +140,10 @@ SELECT f.id FROM finished AS f;
 -- name: job_fail_many
 -- Records a batch of attempts that did not complete, fence-checked like completion.
 -- Jobs to retry (or snoozed, or given back) return to the hot table with run_at = now()
--- + delay; final ones move to history as dead. Every failed attempt (not a snooze or
--- a give-back) gets a job_attempt row. Returns the ids recorded.
+-- + delay; final ones move to history as dead. A job cancelled while it ran
+-- (cancel_requested) is not retried: it moves to history as cancelled. Every failed
+-- attempt (not a snooze or a give-back) gets a job_attempt row. Returns the ids
+-- recorded.
 -- $1 ids, $2 fences, $3 outcome kinds, $4 final (dead), $5 dead reasons, $6 delays,
 -- $7 error classes, $8 error messages, $9 tracebacks, $10 durations (s),
 -- $11 keep a history record, $12 member id
@@ -165,19 +167,24 @@ WITH o AS (
         owner = NULL, fence = NULL, lease_expires_at = NULL
     FROM o
     WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.fence = o.fence  -- (see above)
-      AND NOT o.final
+      AND NOT o.final AND NOT j.cancel_requested
     RETURNING j.id, j.attempt, j.queue, j.kind
 ), died AS (
     DELETE FROM {{schema}}.job AS j
     USING o
-    WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.fence = o.fence AND o.final
-    RETURNING j.*, o.reason, o.error_class, o.error_message, o.keep
+    WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.fence = o.fence
+      AND (o.final OR j.cancel_requested)
+    RETURNING j.*, CASE WHEN j.cancel_requested THEN 'cancelled' ELSE o.reason END AS reason,
+              o.error_class, o.error_message, o.keep
 ), buried AS (
     INSERT INTO {{schema}}.job_history (id, finished_at, run_at, enqueued_at, attempted_at,
         attempt, max_attempts, priority, state, reason, queue, kind, tenant, unique_key,
         owner, last_error, args)
     SELECT d.id, now(), d.run_at, d.enqueued_at, d.attempted_at, d.attempt, d.max_attempts,
-           d.priority, 'dead', d.reason, d.queue, d.kind, d.tenant, d.unique_key, d.owner,
+           d.priority,
+           CASE WHEN d.reason = 'cancelled' THEN 'cancelled' ELSE 'dead' END
+               ::{{schema}}.job_state,
+           d.reason, d.queue, d.kind, d.tenant, d.unique_key, d.owner,
            concat_ws(': ', d.error_class, d.error_message), d.args
     FROM died AS d
     WHERE d.keep
@@ -197,10 +204,11 @@ SELECT r.id FROM recorded AS r;
 
 -- name: job_lease_renew
 -- Extends the leases of the jobs this member holds, where its fences still hold.
--- Returns the ids renewed; the others were lost (reaped, or cancelled).
+-- Returns the ids renewed, and whether an admin asked to cancel each (a fallback for a
+-- missed job_cancel notification); the ids not returned were lost (reaped).
 -- $1 member id, $2 ids, $3 fences, $4 lease
 UPDATE {{schema}}.job AS j
 SET lease_expires_at = now() + $4::interval
 FROM unnest($2::bigint[], $3::bigint[]) AS h(id, fence)
 WHERE j.id = ANY($2::bigint[]) AND j.id = h.id AND j.fence = h.fence AND j.owner = $1
-RETURNING j.id;
+RETURNING j.id, j.cancel_requested;

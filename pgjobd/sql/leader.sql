@@ -36,12 +36,12 @@ SELECT pg_advisory_unlock($2, $3), pg_notify('{{schema}}.leader', 'resigned');
 -- name: job_reap_expired
 -- Takes back running jobs whose lease expired (their member died, hung, or lost the
 -- database): available again at once, or dead when the attempt was their last or the
--- lease loss is their max_crashes-th. Guarded by the row lock and the state: a
+-- lease loss is their max_crashes-th, or cancelled if an admin asked for it. Guarded by the row lock and the state: a
 -- completion that got there first wins and this changes nothing for that job.
 -- $1, $2 lock key (unsigned), $3 leader backend pid, $4 limit, $5 queue names,
 -- $6 their max_crashes, $7 max_crashes for other queues
 WITH expired AS (
-    SELECT j.id, j.owner AS lost_by,
+    SELECT j.id, j.owner AS lost_by, j.cancel_requested AS cancelled,
            j.attempt >= j.max_attempts AS spent,
            j.crashes + 1 >= coalesce(qc.max_crashes, $7) AS poisoned
     FROM {{schema}}.job AS j
@@ -59,20 +59,25 @@ WITH expired AS (
         lease_expires_at = NULL, crashes = j.crashes + 1,
         last_error = 'LeaseExpired: member ' || e.lost_by || ' stopped renewing the lease'
     FROM expired AS e
-    WHERE j.id = e.id AND NOT e.spent AND NOT e.poisoned
+    WHERE j.id = e.id AND NOT e.spent AND NOT e.poisoned AND NOT e.cancelled
     RETURNING j.id, j.attempt, j.queue, j.kind, e.lost_by
 ), died AS (
     DELETE FROM {{schema}}.job AS j
     USING expired AS e
-    WHERE j.id = e.id AND (e.spent OR e.poisoned)
+    WHERE j.id = e.id AND (e.spent OR e.poisoned OR e.cancelled)
     RETURNING j.*, e.lost_by,
-              CASE WHEN e.poisoned THEN 'worker_crash' ELSE 'attempts_exhausted' END AS reason
+              CASE WHEN e.cancelled THEN 'cancelled'
+                   WHEN e.poisoned THEN 'worker_crash'
+                   ELSE 'attempts_exhausted' END AS reason
 ), buried AS (
     INSERT INTO {{schema}}.job_history (id, finished_at, run_at, enqueued_at, attempted_at,
         attempt, max_attempts, priority, state, reason, queue, kind, tenant, unique_key,
         owner, last_error, args)
     SELECT d.id, now(), d.run_at, d.enqueued_at, d.attempted_at, d.attempt, d.max_attempts,
-           d.priority, 'dead', d.reason, d.queue, d.kind, d.tenant, d.unique_key, d.lost_by,
+           d.priority,
+           CASE WHEN d.reason = 'cancelled' THEN 'cancelled' ELSE 'dead' END
+               ::{{schema}}.job_state,
+           d.reason, d.queue, d.kind, d.tenant, d.unique_key, d.lost_by,
            'LeaseExpired: member ' || d.lost_by || ' stopped renewing the lease', d.args
     FROM died AS d
 ), attempts AS (

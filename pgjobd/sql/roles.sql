@@ -44,3 +44,7 @@ GRANT INSERT, UPDATE, DELETE ON {{schema}}.member, {{schema}}.leader, {{schema}}
     TO {{schema}}_worker;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA {{schema}} TO {{schema}}_admin, {{schema}}_worker;
 GRANT EXECUTE ON FUNCTION {{schema}}.partitions_ensure(integer) TO {{schema}}_worker;
+
+-- The admin CLI's audit trail, and retry/redrive, which move final records back.
+GRANT INSERT ON {{schema}}.audit TO {{schema}}_admin;
+GRANT DELETE ON {{schema}}.job_history TO {{schema}}_admin;

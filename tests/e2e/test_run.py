@@ -292,3 +292,24 @@ async def test_systemd_hears_ready_watchdog_and_stopping(
         assert drain_socket().index("READY=1") < drain_socket().index("STOPPING=1")
     finally:
         listener.close()
+
+
+async def test_cancelling_a_running_job_reaches_its_handler(
+    dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
+) -> None:
+    await start_member()
+    watch = {"started": str(tmp_path / "started"), "saw_cancel": str(tmp_path / "cancelled")}
+    job_id = await conn.fetchval(
+        f"SELECT {schema}.enqueue('gives_up_when_cancelled', $1::jsonb)", json.dumps(watch)
+    )
+    await wait_until(anyio.Path(watch["started"]).exists, what="handler started")
+
+    cancel = await anyio.run_process(
+        [sys.executable, "-m", "pgjobd", "jobs", "cancel", str(job_id), "--dsn", dsn,
+         "--schema", schema],
+    )  # fmt: skip
+    assert cancel.returncode == 0
+
+    records = await wait_all_final(conn, schema, 1)
+    assert (records[job_id]["state"], records[job_id]["reason"]) == ("cancelled", "cancelled")
+    assert await conn.fetchval(f"SELECT count(*) FROM {schema}.job") == 0

@@ -105,3 +105,12 @@ async def runs_until_cancelled(args: Watch, ctx: JobContext) -> str:
         await anyio.sleep(0.01)
     await anyio.Path(args.saw_cancel).write_text("cancelled")
     return "stopped"
+
+
+@job(timeout="60s")
+async def gives_up_when_cancelled(args: Watch, ctx: JobContext) -> str:
+    """Raises once ctx.cancelled is set: the attempt fails, so the job ends cancelled."""
+    await anyio.Path(args.started).write_text("started")
+    while not ctx.cancelled.is_set():  # noqa: ASYNC110 (a threading.Event)
+        await anyio.sleep(0.01)
+    raise RuntimeError("cancelled: stopping")
