@@ -17,7 +17,7 @@ import asyncpg
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from pgjobd import backoff
+from pgjobd import backoff, metrics
 from pgjobd.config import QueueConfig
 from pgjobd.errors import TRANSIENT
 from pgjobd.migrate import PARTITION_DAYS_AHEAD
@@ -30,6 +30,8 @@ MAX_BATCH = 500
 FLUSH_AFTER_S = 0.005
 # Outcomes that do not count an attempt, or end the job whatever attempts remain.
 _ATTEMPT_NOT_COUNTED = frozenset({"snoozed", "given_back"})
+# Outcomes logged only at debug level (the hot path).
+_QUIET = frozenset({"completed", "snoozed"})
 _FINAL_AT_ONCE = {"discarded": "discarded", "invalid_args": "invalid_args"}
 
 
@@ -132,16 +134,63 @@ class Completer:
         return outcome.kind == "given_back" or outcome.job.id not in self.given_back
 
     def _count(self, batch: list[Outcome], rows: list[asyncpg.Record]) -> None:
-        recorded = {row["id"] for row in rows}
-        self.recorded += len(recorded)
-        lost = [o for o in batch if o.job.id not in recorded]
+        # job_fail_many says why a job ended (dead: the reason; or cancelled), else NULL.
+        reasons: dict[int, str | None] = {row["id"]: row.get("reason") for row in rows}
+        self.recorded += len(reasons)
+        recorded = [(o, reasons[o.job.id]) for o in batch if o.job.id in reasons]
+        metrics.record_outcomes(recorded)
+        self._log_outcomes(recorded)
+        lost = [o for o in batch if o.job.id not in reasons]
         if lost:
             self.stale += len(lost)
+            for o in lost:
+                metrics.STALE_OUTCOMES.labels(o.job.queue).inc()
             log.warning(
                 "dropped %d outcomes whose lease was lost: job ids %s",
                 len(lost), ", ".join(str(o.job.id) for o in lost[:20]),
-                extra={"event": "job.stale_outcome"},
+                extra={"event": "job.stale_outcome", "member": self.member_id,
+                       "job_ids": [o.job.id for o in lost[:100]]},
             )  # fmt: skip
+
+    def _log_outcomes(self, recorded: list[tuple[Outcome, str | None]]) -> None:
+        """One line per recorded outcome: completions and snoozes at debug (none on the
+        hot path by default), failed attempts at warning, dead jobs at error."""
+        debug = log.isEnabledFor(logging.DEBUG)
+        for outcome, reason in recorded:
+            kind = outcome.kind
+            if kind in _QUIET and reason is None and not debug:
+                continue
+            job = outcome.job
+            fields: dict[str, Any] = {
+                "job_id": job.id, "kind": job.kind, "queue": job.queue,
+                "attempt": job.attempt, "member": self.member_id, "outcome": kind,
+                "duration_s": round(outcome.duration_s, 6),
+            }  # fmt: skip
+            error = ": ".join(e for e in (outcome.error_class, outcome.error_message) if e)
+            if error:
+                fields["error"] = error
+            if reason == "cancelled":
+                fields["event"] = "job.cancelled"
+                log.info("job %d (%s) cancelled", job.id, job.kind, extra=fields)
+            elif reason is not None:
+                fields.update(event="job.dead", reason=reason)
+                log.error(
+                    "job %d (%s) is dead (%s) after attempt %d: %s",
+                    job.id, job.kind, reason, job.attempt, error or kind, extra=fields,
+                )  # fmt: skip
+            elif kind in _QUIET:
+                fields["event"] = f"job.{kind}"
+                log.debug("job %d (%s) %s", job.id, job.kind, kind, extra=fields)
+            elif kind == "given_back":
+                fields["event"] = "job.given_back"
+                log.info("job %d (%s) given back", job.id, job.kind, extra=fields)
+            else:
+                fields["event"] = "job.failed"
+                log.warning(
+                    "job %d (%s) attempt %d of %d failed (%s); it will run again: %s",
+                    job.id, job.kind, job.attempt, job.max_attempts, kind, error or kind,
+                    extra=fields,
+                )  # fmt: skip
 
     def _failure_row(self, outcome: Outcome) -> tuple[Any, ...]:
         """(id, fence, outcome, final, reason, delay, error class, message, traceback,

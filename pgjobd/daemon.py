@@ -21,14 +21,16 @@ import os
 import secrets
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import asyncpg
 from anyio.abc import TaskGroup, TaskStatus
 
-from pgjobd import __version__, backoff, db, migrate, systemd
+from pgjobd import __version__, backoff, db, health, metrics, migrate, systemd
+from pgjobd import log as pgjobd_log
 from pgjobd.client import skip_session_reset
 from pgjobd.completer import Completer
 from pgjobd.config import DEFAULT_QUEUE, Config, QueueConfig
@@ -42,6 +44,7 @@ from pgjobd.roles import Role
 from pgjobd.roles.cron import CronTicker
 from pgjobd.roles.horizon import HorizonWatchdog
 from pgjobd.roles.partitions import PartitionRotator
+from pgjobd.roles.queue_stats import QueueStats
 from pgjobd.roles.reaper import Reaper
 from pgjobd.roles.reindexer import Reindexer
 from pgjobd.roles.runner import RoleRunner
@@ -58,7 +61,14 @@ PROMOTE_MAX_SLEEP_S = 1.0
 def leader_roles() -> list[Role]:
     """The leader's roles: one instance each per member, kept across terms (some keep
     state: cooldowns, alarms, the latest readings)."""
-    return [Reaper(), PartitionRotator(), CronTicker(), Reindexer(), HorizonWatchdog()]
+    return [
+        Reaper(),
+        PartitionRotator(),
+        CronTicker(),
+        Reindexer(),
+        HorizonWatchdog(),
+        QueueStats(),
+    ]
 
 
 def new_member_id() -> str:
@@ -92,6 +102,12 @@ class Member:
         self.generations: list[Generation] = []
         self._stop_now = anyio.Event()
         self._reloading = anyio.Lock()
+        # For /healthz, /readyz and the metrics read at scrape time.
+        self.dead_task: str | None = None
+        self.db_ok_at: float | None = None  # monotonic time of the last good round trip
+        self.db_error: str | None = None
+        self.loop_monitor = health.LoopMonitor()
+        self.http_port: int | None = None  # bound by the metrics/health server
 
     def held(self) -> dict[int, tuple[WorkerPool, ClaimedJob]]:
         """Every job in flight on this member, with the pool that holds it."""
@@ -107,21 +123,110 @@ class Member:
         attempt's end then records it as cancelled, unless it completes)."""
         held = self.held().get(job_id)
         if held is not None:
-            log.info("job %d cancelled by an admin", job_id,
-                     extra={"event": "job.cancel_requested", "job_id": job_id})  # fmt: skip
+            fields = {"event": "job.cancel_requested", **self.job_fields(held[1])}
+            log.info("job %d cancelled by an admin", job_id, extra=fields)
             held[0].cancel(job_id)
+
+    def job_fields(self, job: ClaimedJob) -> dict[str, object]:
+        """The fields every log line about a job carries."""
+        return {"job_id": job.id, "kind": job.kind, "queue": job.queue,
+                "attempt": job.attempt, "member": self.id}  # fmt: skip
 
     async def run(self) -> None:
         """Serve until drained. Raises ConfigError (a handler that cannot be imported),
-        SchemaError, or a database error at start-up."""
+        SchemaError, or a database error at start-up.
+
+        The metrics and health server runs around everything else: it answers during
+        start-up (not ready) and the drain (draining)."""
+        metrics.watch_member(self.member_state)
+        error: Exception | None = None
+        async with anyio.create_task_group() as outer:
+            try:
+                outer.start_soon(self.loop_monitor.run)
+                address = self.config.daemon.metrics_address
+                if address is not None:
+                    self.http_port = await outer.start(health.serve, *address, self.health_checks)
+                await self._run()
+            except Exception as e:  # raised as itself, not in a task group's group
+                error = e
+            finally:
+                outer.cancel_scope.cancel()
+        if error is not None:
+            raise error
+
+    async def _run(self) -> None:
         pool = await db.create_pool(self.config, reset=skip_session_reset)
         try:
             async with pool.acquire() as conn:
                 await migrate.check_schema(conn, self.config.database.schema)
+            self.db_ok_at = anyio.current_time()
             await self._serve(pool)
         finally:
             with anyio.move_on_after(5, shield=True):
                 await pool.close()
+
+    def health_checks(self) -> health.Checks:
+        now = anyio.current_time()
+        # (completer and notifier exist once the database has been reached)
+        notifier: Notifier | None = getattr(self, "notifier", None)
+        completer: Completer | None = getattr(self, "completer", None)
+        return health.Checks(
+            started=self.ready.is_set(),
+            draining=self.draining,
+            dead_task=self.dead_task,
+            db_ok_age_s=None if self.db_ok_at is None else now - self.db_ok_at,
+            db_error=self.db_error,
+            listener_healthy=notifier is not None and notifier.healthy,
+            recording=completer is None or completer.accepting,
+            failed_queues={
+                name: worker_pool.failed
+                for name, worker_pool in self._current_pools().items()
+                if worker_pool.failed is not None
+            },
+            loop_lag_s=self.loop_monitor.lag_s,
+        )
+
+    def member_state(self) -> metrics.MemberState:
+        in_flight: dict[str, int] = {}
+        for _, job in self.held().values():
+            in_flight[job.queue] = in_flight.get(job.queue, 0) + 1
+        workers: dict[str, int] = {}
+        for generation in self.generations:
+            for name, worker_pool in generation.workers.items():
+                in_flight.setdefault(name, 0)
+                workers[name] = workers.get(name, 0) + worker_pool.live_processes()
+        checks = self.health_checks()
+        return metrics.MemberState(
+            in_flight=in_flight,
+            workers=workers,
+            failed_queues=set(checks.failed_queues),
+            ready=not health.ready_problems(checks),
+            draining=self.draining,
+            event_loop_lag_s=self.loop_monitor.lag_s,
+        )
+
+    def _current_pools(self) -> dict[str, WorkerPool]:
+        """The newest generation's pools (older ones only finish what they hold)."""
+        return self.generations[-1].workers if self.generations else {}
+
+    async def _watched(
+        self, name: str, run: Callable[..., Awaitable[None]], *args: Any,
+        task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:  # fmt: skip
+        """Run a core task; if it dies, say so (/healthz, /readyz) while the member
+        goes down with it."""
+        try:
+            if task_status is anyio.TASK_STATUS_IGNORED:
+                await run(*args)
+            else:
+                await run(*args, task_status=task_status)
+        except Exception as e:
+            self.dead_task = f"{name}: {e!r}"
+            log.critical(
+                "core task %s died: %r", name, e,
+                extra={"event": "member.task_died", "task": name, "member": self.id},
+            )  # fmt: skip
+            raise
 
     async def _serve(self, pool: asyncpg.Pool) -> None:
         send, receive = anyio.create_memory_object_stream[Outcome](OUTCOME_BUFFER)
@@ -130,26 +235,27 @@ class Member:
         self.notifier = Notifier(self.config, self.config.queues)
         self.notifier.on_cancel = self.cancel_job
         async with anyio.create_task_group() as services:
-            services.start_soon(self.completer.run)
+            services.start_soon(self._watched, "completer", self.completer.run)
             services.start_soon(systemd.keep_watchdog_fed)  # also while draining
-            await services.start(self.notifier.run)
+            await services.start(self._watched, "listener", self.notifier.run)
             async with anyio.create_task_group() as pools:
                 self._pools_tg = pools
                 first = await self._start_generation(self.config)
                 await self._declare(pool, first)
-                services.start_soon(self._heartbeat, pool)
-                services.start_soon(self._keep_leases, pool)
+                services.start_soon(self._watched, "heartbeat", self._heartbeat, pool)
+                services.start_soon(self._watched, "lease keeper", self._keep_leases, pool)
                 async with anyio.create_task_group() as intake:
                     self._intake = intake
-                    intake.start_soon(self._run_producers, pool, first)
-                    intake.start_soon(self._promote_due, pool)
+                    intake.start_soon(self._watched, "producers", self._run_producers, pool, first)
+                    intake.start_soon(self._watched, "promoter", self._promote_due, pool)
                     changes, heard = anyio.create_memory_object_stream[Leadership](16)
                     self.roles = RoleRunner(
                         pool, queries=self.q, config=self.config, member_id=self.id,
                         roles=leader_roles(), changes=heard,
                     )  # fmt: skip
-                    intake.start_soon(self.roles.run)
-                    intake.start_soon(Elector(self.config, self.q, self.id, changes).run)
+                    elector = Elector(self.config, self.q, self.id, changes)
+                    intake.start_soon(self._watched, "roles", self.roles.run)
+                    intake.start_soon(self._watched, "elector", elector.run)
                     await services.start(self._watch_signals, pool, intake)
                     # Joined only now: a member in the table handles SIGTERM and SIGHUP.
                     await self._join(pool)
@@ -175,7 +281,12 @@ class Member:
         generation = Generation(
             len(self.generations) + 1, config,
             {
-                name: WorkerPool(name, queue, config.daemon.handlers, self._outcomes.clone())
+                name: WorkerPool(
+                    name, queue, config.daemon.handlers, self._outcomes.clone(),
+                    env=pgjobd_log.worker_env(
+                        config.daemon.log_format, config.daemon.log_level, self.id
+                    ),
+                )
                 for name, queue in config.queues.items()
             },
         )  # fmt: skip
@@ -266,7 +377,7 @@ class Member:
         if self.roles is not None:
             self.roles.config = config
         await self._declare(pool, new)
-        self._intake.start_soon(self._run_producers, pool, new)
+        self._intake.start_soon(self._watched, "producers", self._run_producers, pool, new)
         for generation in old:
             self._pools_tg.start_soon(self._retire, generation)
         log.info(
@@ -316,6 +427,7 @@ class Member:
                 self.q["member_join"], self.id, socket.gethostname(), os.getpid(),
                 __version__, list(self.config.queues),
             )  # fmt: skip
+        self.db_ok_at = anyio.current_time()
 
     async def _leave(self, pool: asyncpg.Pool) -> None:
         with anyio.move_on_after(5, shield=True):
@@ -336,7 +448,10 @@ class Member:
                 if not alive:
                     await self._join(pool)
             except TRANSIENT as e:
+                self.db_error = f"heartbeat failed: {e}"
                 log.warning("heartbeat failed: %s", e, extra={"event": "member.heartbeat_failed"})
+            else:
+                self.db_ok_at, self.db_error = anyio.current_time(), None
 
     async def _keep_leases(self, pool: asyncpg.Pool) -> None:
         """Renew every held lease in one statement per interval; cancel lost jobs."""
@@ -364,7 +479,7 @@ class Member:
                 if job_id in worker_pool.held():  # not finished meanwhile
                     log.warning(
                         "lease of job %d lost; cancelling it", job_id,
-                        extra={"event": "lease.lost", "job_id": job_id, "queue": job.queue},
+                        extra={"event": "lease.lost", **self.job_fields(job)},
                     )  # fmt: skip
                     worker_pool.cancel(job_id)
 

@@ -17,7 +17,7 @@ from typing import Protocol
 import anyio
 import asyncpg
 
-from pgjobd import backoff
+from pgjobd import backoff, metrics
 from pgjobd.completer import Completer
 from pgjobd.errors import TRANSIENT
 from pgjobd.model import ClaimedJob
@@ -118,10 +118,14 @@ class Producer:
             rows = await conn.fetch(
                 self.q["job_claim"], self.queue, limit, self.member_id, self.lease
             )
-        self.claim_seconds.append(time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.claim_seconds.append(seconds)
         if len(self.claim_seconds) > 1000:
             del self.claim_seconds[:500]
         self.claimed += len(rows)
+        metrics.record_claim(
+            self.queue, seconds, [row["kind"] for row in rows], [row["waited_s"] for row in rows]
+        )
         return [_claimed(row) for row in rows]
 
 

@@ -34,7 +34,7 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +42,7 @@ import anyio
 from anyio.abc import Process, TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
+from pgjobd import metrics
 from pgjobd.config import QueueConfig
 from pgjobd.errors import ConfigError
 from pgjobd.model import ClaimedJob, KindInfo, Outcome
@@ -123,6 +124,7 @@ class WorkerPool:
         *,
         grace_s: float = 5.0,
         boot_timeout_s: float = BOOT_TIMEOUT_S,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.queue = queue
         self.config = config
@@ -130,6 +132,8 @@ class WorkerPool:
         self.outcomes = outcomes
         self.grace_s = grace_s
         self.boot_timeout_s = boot_timeout_s
+        # Added to the children's environment (the daemon's log format, its member id).
+        self.env = dict(env or {})
         self._children: dict[int, _Child] = {}  # by slot index
         self._changed: anyio.Event | None = None
         self._deadlines_changed: anyio.Event | None = None
@@ -160,15 +164,19 @@ class WorkerPool:
         """Spread the jobs over the ready children, most free slots first, with one
         write per child.
 
-        Call only with no more jobs than free_slots(). A job whose child dies before
-        the job reaches it is reported given_back (it never ran).
+        Call with no more jobs than free_slots(). A job that finds no free slot (a
+        worker ended since the claim) or whose child dies before the job reaches it is
+        reported given_back: it never ran.
         """
         batches: dict[int, tuple[_Child, list[Run]]] = {}
         now = anyio.current_time()
+        unplaced: list[ClaimedJob] = []
         for job in jobs:
             candidates = [c for c in self._children.values() if c.free > 0]
             if not candidates:
-                raise RuntimeError(f"queue {self.queue}: submit() with no free slot")
+                # A worker ended while the claim was in flight and took its slots along.
+                unplaced.append(job)
+                continue
             child = max(candidates, key=lambda c: (c.free, -c.index))
             info = child.kinds.get(job.kind)
             timeout_s = (
@@ -181,6 +189,10 @@ class WorkerPool:
             batches.setdefault(child.index, (child, []))[1].append(Run(job, timeout_s))
             if deadline < self._watchdog_wakes_at:
                 self._notify_deadlines()
+        for job in unplaced:  # never ran: available again, attempt not charged
+            await self.outcomes.send(
+                Outcome(job, "given_back", error_message="no free worker slot after the claim")
+            )
         for child, runs in batches.values():
             try:
                 await child.channel.send_many(runs)
@@ -208,6 +220,10 @@ class WorkerPool:
         """Return when no job is in flight in this pool."""
         while any(child.held for child in self._children.values()):
             await self._changed_event().wait()
+
+    def live_processes(self) -> int:
+        """Worker processes of this pool that have not exited."""
+        return sum(1 for c in self._children.values() if c.process.returncode is None)
 
     def held(self) -> dict[int, ClaimedJob]:
         """Every job in flight in this pool, by id."""
@@ -283,7 +299,9 @@ class WorkerPool:
         for directory in self.handler_dirs:
             command += ["--handler-dir", str(directory)]
         command += ["--slots", str(slots)]
-        process = await anyio.open_process(command, stderr=None)
+        process = await anyio.open_process(
+            command, stderr=None, env={**os.environ, **self.env} if self.env else None
+        )
         assert process.stdin is not None and process.stdout is not None
         channel: Channel[ToParent] = Channel(process.stdin, process.stdout, ToParent)
         return _Child(index=index, slots=slots, process=process, channel=channel)
@@ -358,6 +376,7 @@ class WorkerPool:
                         await self._await_ready(current)
                     except _BootError as e:
                         failures += 1
+                        metrics.WORKER_RESTARTS.labels(self.queue, "boot_failure").inc()
                         log.error("%s; retrying", e, extra={
                             "event": "worker.boot_failed", "queue": self.queue})  # fmt: skip
                         if failures >= CRASH_LOOP_LIMIT and self.failed is None:
@@ -410,6 +429,7 @@ class WorkerPool:
         returncode = await self._kill_and_reap(child)
         if self._stopping:
             return  # what it still holds is the caller's to give back
+        metrics.WORKER_RESTARTS.labels(self.queue, restart_reason(child, returncode)).inc()
         await self._report_death(child, returncode)
 
     async def _finish(self, child: _Child, done: Done) -> None:
@@ -582,6 +602,15 @@ class WorkerPool:
     def _notify_deadlines(self) -> None:
         if self._deadlines_changed is not None:
             self._deadlines_changed.set()
+
+
+def restart_reason(child: _Child, returncode: int | None) -> str:
+    """Why a child that served is being replaced, for pgjobd_worker_restarts_total."""
+    if child.kill_reason is not None:
+        return "timeout_kill" if child.overdue_job is not None else "protocol_error"
+    if child.recycled is not None and returncode == 0:
+        return "recycled"
+    return "crash"
 
 
 def resident_bytes(pid: int) -> int | None:

@@ -7,6 +7,9 @@ on stdin and leave as Done frames on the original stdout (see pgjobd.protocol).
 - Frames go over a private duplicate of fd 1; fd 1 then points at stderr, so a handler's
   print() lands in the daemon's log instead of corrupting the stream. fd 0 becomes
   /dev/null for the same reason.
+- Logging follows the daemon's format and level (pgjobd.log.setup_worker, from the
+  environment the supervisor sets): every line logged while a job runs carries its id,
+  kind, queue and attempt, and in JSON mode print() output becomes JSON lines too.
 - A handler module that fails to import: the error goes to stderr and, as BootFailed, to
   the parent; the process exits with status 3 (EXIT_BOOT), which the parent treats as a
   boot failure rather than a crash.
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import contextvars
 import faulthandler
 import logging
 import os
@@ -43,6 +47,7 @@ from typing import Any
 import msgspec
 import uvloop
 
+from pgjobd import log as pgjobd_log
 from pgjobd.errors import ConfigError
 from pgjobd.handler import (
     ArgsError,
@@ -102,16 +107,11 @@ def main(queue: str, handler_dirs: Sequence[Path], slots: int) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # reloads are the supervisor's business
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     if not logging.getLogger().handlers:
-        logging.basicConfig(
-            stream=sys.stderr,
-            level=logging.INFO,
-            format=f"%(asctime)s pgjobd worker[%(process)d] {queue}: %(levelname)s "
-            "%(name)s: %(message)s",
-        )
+        pgjobd_log.setup_worker(os.environ, queue, os.getpid())
     try:
         registry = load_directories(handler_dirs)
     except ConfigError as e:
-        print(f"pgjobd worker: {e}", file=sys.stderr, flush=True)
+        log.error("pgjobd worker: %s", e, extra={"event": "worker.boot_failed"})
         with contextlib.suppress(OSError):
             os.write(frames_out, encode_frame(BootFailed(str(e))))
         return EXIT_BOOT
@@ -265,6 +265,10 @@ class Worker:
             return done("invalid_args", error_class="pgjobd.ArgsError", error_message=str(e))
 
         ctx = _context(job, self._cancelled.setdefault(job.id, threading.Event()))
+        # Every line logged while the job runs (any logger, print in JSON mode) names it.
+        pgjobd_log.job_fields.set(
+            {"job_id": job.id, "kind": job.kind, "queue": job.queue, "attempt": job.attempt}
+        )
         call_args = (args, ctx) if spec.takes_ctx else (args,)
         try:
             if spec.is_async:
@@ -358,7 +362,11 @@ async def _call_in_thread(function: Callable[..., Any], args: tuple[Any, ...], j
 
     # A daemon thread of its own, not an executor: one stuck forever must not keep the
     # process from exiting.
-    threading.Thread(target=target, name=f"pgjobd-job-{job_id}", daemon=True).start()
+    # (In the task's context: the job's log fields go with it.)
+    context = contextvars.copy_context()
+    threading.Thread(
+        target=context.run, args=(target,), name=f"pgjobd-job-{job_id}", daemon=True
+    ).start()
     return await future
 
 

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 
 import asyncpg
 
+from pgjobd import metrics
 from pgjobd.config import Config
 from pgjobd.queries import Queries
 from pgjobd.roles import RoleContext
@@ -137,6 +138,7 @@ class HorizonWatchdog:
 
     async def tick(self, ctx: RoleContext) -> None:
         self.last = reading = await self.read(ctx.pool, ctx.queries, ctx.config)
+        metrics.set_horizon(reading)
         self._judge(reading, f"{ctx.config.database.schema}.job")
 
     async def read(self, pool: asyncpg.Pool, queries: Queries, config: Config) -> HorizonReading:

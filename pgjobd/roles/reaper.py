@@ -6,6 +6,7 @@ import logging
 from datetime import timedelta
 from typing import ClassVar
 
+from pgjobd import metrics
 from pgjobd.config import DEFAULT_QUEUE, Config
 from pgjobd.roles import RoleContext
 
@@ -38,6 +39,8 @@ class Reaper:
                     [q.max_crashes for q in queues.values()],
                     queues[DEFAULT_QUEUE].max_crashes,
                 )  # fmt: skip
+                metrics.LEASES_EXPIRED.labels("rescued").inc(row["rescued"])
+                metrics.LEASES_EXPIRED.labels("dead").inc(row["died"])
                 if row["rescued"] or row["died"]:
                     log.warning(
                         "took back %d jobs whose lease expired (%d dead)",

@@ -64,7 +64,8 @@ ORDER BY a.attempt, a.failed_at;
 -- Claims up to $2 available jobs of queue $1 for member $3, in claim order: one short
 -- transaction. The attempt is counted here, before the handler runs, so a job that
 -- kills its worker still uses up attempts. Each claim gets a new fence; the lease
--- comes from the database clock. A paused queue gives nothing.
+-- comes from the database clock. A paused queue gives nothing. waited_s: due (run_at)
+-- to claimed, on the database clock (for pgjobd_job_wait_seconds).
 -- $1 queue, $2 limit, $3 member id, $4 lease
 WITH picked AS (
     SELECT j.id
@@ -81,7 +82,8 @@ SET state = 'running', attempt = j.attempt + 1, fence = nextval('{{schema}}.fenc
 FROM picked
 WHERE j.id = picked.id
 RETURNING j.id, j.fence, j.kind, j.queue, j.attempt, j.max_attempts, j.crashes, j.priority,
-          j.tenant, j.enqueued_at, j.run_at AS scheduled_at, j.args::text AS args;
+          j.tenant, j.enqueued_at, j.run_at AS scheduled_at, j.args::text AS args,
+          extract(epoch FROM now() - j.run_at)::float8 AS waited_s;
 
 -- name: job_promote_due
 -- Makes due scheduled and retryable jobs available, wakes their queues' producers
@@ -143,7 +145,7 @@ SELECT f.id FROM finished AS f;
 -- + delay; final ones move to history as dead. A job cancelled while it ran
 -- (cancel_requested) is not retried: it moves to history as cancelled. Every failed
 -- attempt (not a snooze or a give-back) gets a job_attempt row. Returns the ids
--- recorded.
+-- recorded, each with its reason when it ended (dead: why; or 'cancelled'), else NULL.
 -- $1 ids, $2 fences, $3 outcome kinds, $4 final (dead), $5 dead reasons, $6 delays,
 -- $7 error classes, $8 error messages, $9 tracebacks, $10 durations (s),
 -- $11 keep a history record, $12 member id
@@ -189,9 +191,9 @@ WITH o AS (
     FROM died AS d
     WHERE d.keep
 ), recorded AS (
-    SELECT r.id, r.attempt, r.queue, r.kind FROM retried AS r
+    SELECT r.id, r.attempt, r.queue, r.kind, NULL::text AS reason FROM retried AS r
     UNION ALL
-    SELECT d.id, d.attempt, d.queue, d.kind FROM died AS d
+    SELECT d.id, d.attempt, d.queue, d.kind, d.reason FROM died AS d
 ), attempts AS (
     INSERT INTO {{schema}}.job_attempt (job_id, failed_at, duration_s, attempt, queue, kind,
         member, outcome, error_class, error_message, traceback)
@@ -200,7 +202,7 @@ WITH o AS (
     FROM recorded AS r JOIN o ON o.id = r.id
     WHERE o.outcome NOT IN ('snoozed', 'given_back')
 )
-SELECT r.id FROM recorded AS r;
+SELECT r.id, r.reason FROM recorded AS r;
 
 -- name: job_lease_renew
 -- Extends the leases of the jobs this member holds, where its fences still hold.

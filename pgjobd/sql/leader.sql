@@ -127,3 +127,36 @@ ORDER BY c.relname;
 SELECT extract(epoch FROM min(j.lease_expires_at) - now())::float8
 FROM {{schema}}.job AS j
 WHERE j.state = 'running';
+
+-- name: queue_stats
+-- For the leader's metrics: per queue, live jobs by state, the oldest available job's
+-- age (s; NULL when none is available) and whether it is paused. Lists the queues with
+-- live jobs, the paused ones and those named in $1 (the leader's configured queues).
+-- Read-only, so unfenced.
+-- $1 queue names
+WITH live AS (
+    SELECT j.queue,
+           count(*) FILTER (WHERE j.state = 'available') AS available,
+           count(*) FILTER (WHERE j.state = 'scheduled') AS scheduled,
+           count(*) FILTER (WHERE j.state = 'running') AS running,
+           count(*) FILTER (WHERE j.state = 'retryable') AS retryable,
+           min(j.run_at) FILTER (WHERE j.state = 'available') AS oldest_available_at
+    FROM {{schema}}.job AS j
+    GROUP BY j.queue
+), named AS (
+    SELECT queue FROM live
+    UNION SELECT unnest($1::text[])
+    UNION SELECT q.name FROM {{schema}}.queue AS q WHERE q.paused
+)
+SELECT n.queue,
+       coalesce(l.available, 0) AS available,
+       coalesce(l.scheduled, 0) AS scheduled,
+       coalesce(l.running, 0) AS running,
+       coalesce(l.retryable, 0) AS retryable,
+       greatest(0, extract(epoch FROM now() - l.oldest_available_at))::float8
+           AS oldest_available_age_s,
+       coalesce(q.paused, false) AS paused
+FROM named AS n
+LEFT JOIN live AS l USING (queue)
+LEFT JOIN {{schema}}.queue AS q ON q.name = n.queue
+ORDER BY n.queue;

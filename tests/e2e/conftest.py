@@ -77,12 +77,13 @@ async def start_member(
         wait_ready: bool = True, server_dsn: str | None = None,
     ) -> MemberProcess:  # fmt: skip
         index = len(started)
-        drain = "" if "drain_timeout" in daemon else 'drain_timeout = "10s"\n'
+        # Defaults for what `daemon` does not set itself.
+        defaults = {"drain_timeout": '"10s"', "metrics_listen": '""', "log_format": '"text"'}
+        settings = "".join(f"{k} = {v}\n" for k, v in defaults.items() if k not in daemon)
         config = tmp_path / f"member{index}.toml"
         config.write_text(
             f'[database]\nschema = "{schema}"\n\n'
-            f'[daemon]\nhandlers = ["{handlers}"]\nmetrics_listen = ""\n'
-            f'log_format = "text"\n{drain}{daemon}\n{queues}'
+            f'[daemon]\nhandlers = ["{handlers}"]\n{settings}{daemon}\n{queues}'
         )
         log_path = tmp_path / f"member{index}.log"
         env = {**os.environ, "PGJOBD_DSN": server_dsn or dsn}

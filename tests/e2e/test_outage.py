@@ -17,6 +17,7 @@ from pgjobd import migrate
 from pgjobd.embedded import KILL_SAFE_SETTINGS, Cluster
 
 from .conftest import HANDLERS, MemberProcess, wait_until
+from .test_metrics import free_port, get
 
 pytestmark = pytest.mark.anyio
 SCHEMA = "pgjobd"
@@ -41,8 +42,10 @@ async def test_outcomes_survive_a_database_restart(cluster: Cluster, tmp_path: P
     )
     await conn.close()
     config = tmp_path / "pgjobd.toml"
+    port = free_port()
     config.write_text(
-        f'[daemon]\nhandlers = ["{HANDLERS}"]\nmetrics_listen = ""\nlog_format = "text"\n'
+        f'[daemon]\nhandlers = ["{HANDLERS}"]\nmetrics_listen = "127.0.0.1:{port}"\n'
+        'log_format = "text"\n'
         # A claim whose commit the outage hid is taken back after the lease.
         'lease = "3s"\n'
         "[queues.default]\nconcurrency = 8\nprocesses = 2\n"
@@ -57,8 +60,17 @@ async def test_outcomes_survive_a_database_restart(cluster: Cluster, tmp_path: P
     try:
         # Jobs are running in the workers; take the database away under them.
         await wait_until(ledger.exists, what="first job done")
+        assert (await get(port, "/readyz"))[0] == 200
         cluster.stop("fast")
         await wait_until(lambda: "holding them" in member.log, timeout_s=30, what="outcomes held")
+
+        async def unready() -> str | None:
+            status, body = await get(port, "/readyz")
+            return body if status == 503 else None
+
+        body = await wait_until(unready, timeout_s=30, what="/readyz 503")
+        assert "cannot record outcomes" in body, body
+        assert (await get(port, "/healthz"))[0] == 200  # alive: waiting is the right thing
         cluster.start()
 
         conn = await asyncpg.connect(dsn)
@@ -78,6 +90,11 @@ async def test_outcomes_survive_a_database_restart(cluster: Cluster, tmp_path: P
         finally:
             await conn.close()
         assert "recording outcomes again" in member.log
+
+        async def ready() -> bool:
+            return (await get(port, "/readyz"))[0] == 200
+
+        await wait_until(ready, timeout_s=60, what="/readyz 200 again")
         assert process.returncode is None  # the member rode out the outage
     finally:
         assert await member.stop() == 0, member.log[-3000:]

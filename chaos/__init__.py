@@ -1,0 +1,1 @@
+"""pgjobd's chaos suite: `python -m chaos SCENARIO`; see chaos/README.md."""

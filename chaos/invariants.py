@@ -1,0 +1,173 @@
+"""The invariants every scenario must leave intact, checked on the dumped final tables.
+
+Vocabulary: an *execution* is one ledger row (a handler ran, at-least-once: a job may
+run again after a fault); a *final record* is a job_history row (exactly once per job).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+# job_attempt outcomes that mean the attempt's holder lost the job while (maybe) still
+# running it: only after one of these may a second execution overlap the first.
+LEASE_LOST = {"lease_expired", "crashed", "timeout"}
+MAX_EXAMPLES = 5
+
+
+@dataclass
+class Verdict:
+    jobs: int = 0
+    completed: int = 0
+    dead: int = 0
+    cancelled: int = 0
+    duplicates: int = 0
+    lost: int = 0
+    executions: int = 0
+    repeats: int = 0  # executions beyond one per job: at-least-once at work
+    cron_jobs: int = 0
+    violations: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def fail(self, rule: str, examples: list[str], count: int | None = None) -> None:
+        if examples:
+            total = count if count is not None else len(examples)
+            shown = "; ".join(examples[:MAX_EXAMPLES])
+            self.violations.append(f"{rule}: {total} case(s), e.g. {shown}")
+
+
+def check(
+    tables: dict[str, list[dict[str, Any]]],
+    *,
+    killed_members: list[tuple[int, float]],
+    expected_dead_kinds: set[str],
+) -> Verdict:
+    v = Verdict()
+    enqueued = {r["job_id"]: r for r in tables["chaos_enqueued"]}
+    v.jobs = len(enqueued)
+    history: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in tables["job_history"]:
+        history[r["id"]].append(r)
+    attempts: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in tables["job_attempt"]:
+        attempts[r["job_id"]].append(r)
+    ledger: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in tables["chaos_ledger"]:
+        ledger[r["job_id"]].append(r)
+    v.executions = sum(len(x) for x in ledger.values())
+
+    # 1. Every enqueued job has exactly one final record; nothing else has one.
+    missing = [str(i) for i in enqueued if i not in history]
+    doubled = [f"{i}x{len(h)}" for i, h in history.items() if len(h) > 1]
+    cron_ids = {i for i, h in history.items() if h[0]["kind"] == "chaos_cron"}
+    phantom = [str(i) for i in history if i not in enqueued and i not in cron_ids]
+    v.duplicates = len(doubled)
+    v.fail("enqueued job without a final record", missing)
+    v.fail("job with more than one final record", doubled)
+    v.fail("final record of a job never enqueued", phantom)
+
+    # 2. Nothing left in the hot table.
+    hot = [f"{r['id']}:{r['state']}" for r in tables["job"]]
+    v.fail("job left in the hot table", hot)
+    v.lost = len(missing) + len({r["id"] for r in tables["job"]} & set(enqueued))
+
+    finals = {i: h[0] for i, h in history.items() if i in enqueued}
+    states = Counter(r["state"] for r in finals.values())
+    v.completed, v.dead, v.cancelled = states["completed"], states["dead"], states["cancelled"]
+    unexpected_dead = [
+        f"{i} {r['kind']} {r['reason']} attempt {r['attempt']}"
+        for i, r in finals.items()
+        if r["state"] == "dead" and r["kind"] not in expected_dead_kinds
+    ]
+    if unexpected_dead:
+        v.notes.append(
+            f"{len(unexpected_dead)} job(s) of kinds meant to succeed ended dead (allowed: "
+            f"max_crashes/max_attempts reached under faults), e.g. {unexpected_dead[:3]}"
+        )
+
+    # 3. A completed job's final record matches a successful execution (id, attempt).
+    unmatched = []
+    for i, r in finals.items():
+        if r["state"] != "completed":
+            continue
+        ok = [
+            e
+            for e in ledger.get(i, [])
+            if e["attempt"] == r["attempt"] and e["outcome"].startswith("ok")
+        ]
+        if not ok:
+            seen = [(e["attempt"], e["outcome"]) for e in ledger.get(i, [])]
+            unmatched.append(f"job {i} completed at attempt {r['attempt']}, executions {seen}")
+    v.fail("completed final record with no matching execution", unmatched)
+
+    # 4. Attempt counts: every failed attempt has exactly one job_attempt row numbered
+    # 1..k (a crash, a timeout and a lease expiry are failed attempts; a drain's
+    # give-back and a snooze are not and are not counted); completed = k + 1, dead = k.
+    bad_count, bad_numbers = [], []
+    for i, r in finals.items():
+        rows = attempts.get(i, [])
+        numbers = sorted(a["attempt"] for a in rows)
+        if numbers != list(range(1, len(numbers) + 1)):
+            outcomes = [(a["attempt"], a["outcome"]) for a in rows]
+            bad_numbers.append(f"job {i}: attempt rows {outcomes}")
+        expected = len(rows) + (1 if r["state"] == "completed" else 0)
+        if r["state"] in ("completed", "dead") and r["attempt"] != expected:
+            bad_count.append(
+                f"job {i} {r['state']} attempt={r['attempt']} with {len(rows)} failed-attempt rows"
+            )
+    v.fail("job_attempt rows not numbered 1..k (a failure recorded twice?)", bad_numbers)
+    v.fail("final attempt count != failed attempts (+1 if completed)", bad_count)
+
+    # 5. No two executions of one job overlapped, unless the first one's lease was lost
+    # (a lease_expired/crashed/timeout row for its attempt) or its member was killed.
+    killed = defaultdict(list)
+    for pid, at in killed_members:
+        killed[pid].append(at)
+    overlaps = []
+    for i, execs in ledger.items():
+        lost_attempts = {a["attempt"] for a in attempts.get(i, []) if a["outcome"] in LEASE_LOST}
+        ordered = sorted(execs, key=lambda e: e["started_at"])
+        for a, b in itertools.pairwise(ordered):
+            if b["started_at"] >= a["ended_at"]:
+                continue
+            if a["attempt"] in lost_attempts:
+                continue
+            if any(_ts(a["started_at"]) <= t for t in killed.get(a["member_pid"], [])):
+                continue
+            overlaps.append(
+                f"job {i}: attempt {a['attempt']} pid {a['worker_pid']} "
+                f"[{a['started_at']:%H:%M:%S.%f}-{a['ended_at']:%H:%M:%S.%f}] and attempt "
+                f"{b['attempt']} pid {b['worker_pid']} from {b['started_at']:%H:%M:%S.%f}"
+            )
+    v.fail("overlapping executions with no lease lost in between", overlaps)
+
+    # 6. No cron slot enqueued twice.
+    cron_keys = Counter(
+        r["unique_key"] for h in history.values() for r in h if r["kind"] == "chaos_cron"
+    ) + Counter(r["unique_key"] for r in tables["job"] if r["kind"] == "chaos_cron")
+    v.cron_jobs = sum(cron_keys.values())
+    v.fail("cron slot enqueued twice", [f"{k}x{c}" for k, c in cron_keys.items() if c > 1])
+
+    # 7. Leader terms: each term belongs to one member session (checked by sampling in
+    # the runner); here: terms strictly increase with election time.
+    terms = sorted(tables["leader"], key=lambda r: r["term"])
+    disorder = [
+        f"term {b['term']} elected {b['elected_at']} before term {a['term']} {a['elected_at']}"
+        for a, b in itertools.pairwise(terms)
+        if b["elected_at"] < a["elected_at"]
+    ]
+    v.fail("leader terms out of order", disorder)
+
+    versions = sorted({e["outcome"] for x in ledger.values() for e in x if ":v" in e["outcome"]})
+    if versions:
+        v.notes.append(f"handler versions seen by chaos_swap jobs: {', '.join(versions)}")
+
+    v.repeats = sum(max(0, len(x) - 1) for i, x in ledger.items() if i in enqueued)
+    return v
+
+
+def _ts(value: datetime) -> float:
+    return value.timestamp()

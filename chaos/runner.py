@@ -1,0 +1,517 @@
+"""One chaos run: a private cluster, M real `pgjobd run` members, a workload, a fault
+schedule, quiescence, the invariants, and the evidence folder.
+
+Everything that touches the database from here goes through short-lived connections
+that survive the server being restarted under them (they are simply opened again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import csv
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from pgjobd import migrate
+from pgjobd.embedded import KILL_SAFE_SETTINGS, Cluster, free_port
+from pgjobd.leader import unsigned
+from pgjobd.lock_keys import LEADER, lock_key
+
+SCHEMA = "pgjobd"
+DATABASE = "chaos"
+LEASE_S = 3
+Mix = Callable[[random.Random, int], tuple[str, dict[str, Any]]]
+HANDLERS_SRC = Path(__file__).parent / "handlers"
+CONNECTION_ERRORS = (
+    OSError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    TimeoutError,
+    ConnectionError,
+    asyncpg.InternalClientError,  # a connection broken mid-statement
+)
+
+LEDGER_DDL = """
+CREATE TABLE IF NOT EXISTS public.chaos_ledger (
+    seq         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id      bigint      NOT NULL,
+    attempt     integer     NOT NULL,
+    kind        text        NOT NULL,
+    n           integer     NOT NULL,
+    member_pid  integer     NOT NULL,
+    worker_pid  integer     NOT NULL,
+    started_at  timestamptz NOT NULL,
+    ended_at    timestamptz NOT NULL,
+    outcome     text        NOT NULL,
+    recorded_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS chaos_ledger_job_idx ON public.chaos_ledger (job_id);
+-- The workload as enqueued: written in the enqueue's own transaction, so an enqueue
+-- whose COMMIT answer was lost (the server died) is known exactly.
+CREATE TABLE IF NOT EXISTS public.chaos_enqueued (
+    n       integer PRIMARY KEY,
+    job_id  bigint  NOT NULL UNIQUE,
+    kind    text    NOT NULL
+);
+"""
+
+
+@dataclass
+class Member:
+    index: int
+    generation: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    started_at: float
+    stopped_by_us: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+@dataclass
+class FaultRecord:
+    at: float  # seconds since the run started
+    action: str
+    detail: str
+    running_before: dict[int, int] = field(default_factory=dict)  # job id -> fence
+    recovered_s: float | None = None
+
+
+@dataclass
+class Options:
+    scenario: str
+    jobs: int
+    members: int
+    duration: float
+    seed: int
+    keep: bool
+    quiesce_timeout: float = 300.0
+    concurrency: int = 16
+    processes: int = 2
+
+
+def log(message: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+class Run:
+    """The world of one scenario run."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.rng = random.Random(options.seed)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.evidence = Path(
+            tempfile.mkdtemp(prefix=f"pgjobd-chaos-{options.scenario}-s{options.seed}-{stamp}-")
+        )
+        self.work = Path(tempfile.mkdtemp(prefix="pgjobd-chaos-pg-"))
+        self.handlers = self.evidence / "handlers"
+        shutil.copytree(HANDLERS_SRC, self.handlers, ignore=shutil.ignore_patterns("__pycache__"))
+        self.cluster = Cluster(
+            self.work / "data",
+            port=free_port(),
+            settings={**KILL_SAFE_SETTINGS, "max_connections": "300"},
+        )
+        self.members: list[Member] = []  # every member ever started
+        self.slots: list[Member | None] = [None] * options.members
+        self.faults: list[FaultRecord] = []
+        self.violations: list[str] = []
+        self.notes: list[str] = []
+        self.t0 = time.monotonic()
+        self.enqueue_done = asyncio.Event()
+        self.stop_background = asyncio.Event()
+        self.leader_samples = 0
+        self.leader_multi: list[str] = []
+        self.config_path = self.evidence / "pgjobd.toml"
+        self.extra_queues = ""
+        self.daemon_overrides: dict[str, str] = {}
+        self.member_kills: list[tuple[int, float]] = []  # (member pid, wall time)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    @property
+    def dsn(self) -> str:
+        return self.cluster.dsn(DATABASE)
+
+    async def connect(self, timeout: float = 5.0) -> asyncpg.Connection:  # noqa: ASYNC109
+        return await asyncpg.connect(
+            self.dsn, timeout=timeout, server_settings={"application_name": "chaos runner"}
+        )
+
+    async def query(self, sql: str, *args: Any, retry_s: float = 120.0) -> list[asyncpg.Record]:
+        """One statement on a fresh connection, retried while the server is away."""
+        deadline = time.monotonic() + retry_s
+        while True:
+            try:
+                conn = await self.connect()
+                try:
+                    rows: list[asyncpg.Record] = await conn.fetch(sql, *args)
+                    return rows
+                finally:
+                    await conn.close(timeout=2)
+            except CONNECTION_ERRORS:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+
+    def write_config(self) -> None:
+        daemon = {
+            "handlers": json.dumps([str(self.handlers)]),
+            "lease": f'"{LEASE_S}s"',
+            "drain_timeout": '"5s"',
+            "metrics_listen": '""',
+            "log_format": '"text"',
+            **self.daemon_overrides,
+        }
+        o = self.options
+        self.config_path.write_text(
+            f'[database]\nschema = "{SCHEMA}"\npool_max = 6\nconnect_timeout = "3s"\n\n'
+            "[daemon]\n"
+            + "".join(f"{k} = {v}\n" for k, v in daemon.items())
+            + f"\n[queues.default]\nconcurrency = {o.concurrency}\nprocesses = {o.processes}\n"
+            'timeout = "30s"\nmax_attempts = 25\nbackoff_base = "10ms"\nbackoff_max = "200ms"\n'
+            'max_crashes = 10\nhistory = "all"\n'
+            + self.extra_queues
+            + '\n[[cron]]\nname = "chaos-minutely"\nschedule = "* * * * *"\n'
+            'kind = "chaos_cron"\ncatch_up = "latest"\n'
+        )
+
+    # ------------------------------------------------------------------ setup
+
+    async def setup(self) -> None:
+        log(f"evidence folder: {self.evidence}")
+        await asyncio.to_thread(self.cluster.start)
+        await self.cluster.ensure_database(DATABASE)
+        conn = await self.connect()
+        try:
+            await migrate.migrate(conn, SCHEMA)
+            await conn.execute(LEDGER_DDL)
+        finally:
+            await conn.close()
+        self.write_config()
+        for slot in range(self.options.members):
+            self.start_member(slot)
+        await self.wait_members_ready()
+        self.t0 = time.monotonic()  # the fault window starts now
+
+    def start_member(self, slot: int) -> Member:
+        generation = sum(1 for m in self.members if m.index == slot)
+        log_path = self.evidence / f"member{slot}-{generation}.log"
+        env = {**os.environ, "PGJOBD_DSN": self.dsn, "CHAOS_LEDGER_DSN": self.dsn}
+        env.pop("DATABASE_URL", None)
+        with log_path.open("wb") as log_file:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "pgjobd", "run", "--config", str(self.config_path)],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        member = Member(slot, generation, process, log_path, self.elapsed())
+        self.members.append(member)
+        self.slots[slot] = member
+        return member
+
+    async def wait_members_ready(self, within_s: float = 60.0) -> None:
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            pids = {m.pid for m in self.live_members()}
+            rows = await self.query(f"SELECT pid FROM {SCHEMA}.member")
+            if pids <= {r["pid"] for r in rows}:
+                return
+            for m in self.live_members():
+                if not m.alive:
+                    raise RuntimeError(f"member {m.log_path.name} exited at start")
+            await asyncio.sleep(0.1)
+        raise RuntimeError("members not ready in time")
+
+    def live_members(self) -> list[Member]:
+        return [m for m in self.slots if m is not None and m.alive]
+
+    # ------------------------------------------------------------------ workload
+
+    async def enqueue(self, mix: Mix) -> None:
+        """Enqueues the workload in batches spread over 60% of the fault window."""
+        total = self.options.jobs
+        rng = random.Random(self.options.seed + 1)  # the workload has its own stream
+        plan = [mix(rng, n) for n in range(total)]
+        batches = max(1, int(self.options.duration * 0.6 / 0.2))
+        size = max(1, -(-total // batches))
+        start = time.monotonic()
+        for b, first in enumerate(range(0, total, size)):
+            chunk = list(range(first, min(first + size, total)))
+            await self._enqueue_batch(chunk, plan)
+            next_at = start + (b + 1) * 0.2
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+        self.enqueue_done.set()
+        log(f"enqueued {total} jobs")
+
+    async def _enqueue_batch(
+        self, chunk: list[int], plan: list[tuple[str, dict[str, Any]]]
+    ) -> None:
+        kinds = [plan[n][0] for n in chunk]
+        args = [json.dumps({**plan[n][1], "n": n}) for n in chunk]
+        sql = (
+            "WITH e AS (SELECT t.n, t.kind, "
+            f"{SCHEMA}.enqueue(t.kind, t.args::jsonb) AS id "
+            "FROM unnest($1::int[], $2::text[], $3::text[]) AS t(n, kind, args)) "
+            "INSERT INTO public.chaos_enqueued (n, job_id, kind) SELECT n, id, kind FROM e"
+        )
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                conn = await self.connect()
+                try:
+                    done = await conn.fetchval(
+                        "SELECT count(*) FROM public.chaos_enqueued WHERE n = ANY($1::int[])",
+                        chunk,
+                    )
+                    if done == len(chunk):
+                        return  # an earlier try committed, its answer was lost
+                    if done:
+                        raise RuntimeError(f"batch {chunk[0]}: partly enqueued ({done})")
+                    await conn.execute(sql, chunk, kinds, args)
+                    return
+                finally:
+                    with contextlib.suppress(*CONNECTION_ERRORS):
+                        await conn.close(timeout=2)
+            except CONNECTION_ERRORS:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+
+    # ------------------------------------------------------------------ background
+
+    async def sample_leaders(self) -> None:
+        """Every ~100 ms: who holds the leader lock, and which term is the newest."""
+        k1, k2 = unsigned(lock_key(LEADER, SCHEMA))
+        sql = (
+            "SELECT ARRAY(SELECT pid FROM pg_locks WHERE locktype = 'advisory' "
+            "AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = 2 AND granted) "
+            "AS holders, "
+            f"(SELECT row(term, backend_pid)::text FROM {SCHEMA}.leader "
+            "ORDER BY term DESC LIMIT 1) AS newest"
+        )
+        conn: asyncpg.Connection | None = None
+        while not self.stop_background.is_set():
+            try:
+                if conn is None or conn.is_closed():
+                    conn = await self.connect(timeout=2)
+                row = await conn.fetchrow(sql, k1, k2)
+                self.leader_samples += 1
+                if row is not None and len(row["holders"]) > 1:
+                    self.leader_multi.append(
+                        f"t={self.elapsed():.2f}s lock holders {row['holders']} newest "
+                        f"term {row['newest']}"
+                    )
+            except CONNECTION_ERRORS:
+                if conn is not None:
+                    conn.terminate()
+                conn = None
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)
+        if conn is not None:
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                await conn.close(timeout=2)
+
+    async def track_recovery(self) -> None:
+        """For each fault: seconds until every job running just before it moved on
+        (finished, or claimed again under a new fence)."""
+        while not self.stop_background.is_set():
+            pending = [f for f in self.faults if f.recovered_s is None]
+            ids = sorted({i for f in pending for i in f.running_before})
+            if ids:
+                try:
+                    rows = await self.query(
+                        f"SELECT id, fence FROM {SCHEMA}.job WHERE id = ANY($1::bigint[])",
+                        ids,
+                        retry_s=1,
+                    )
+                    now_fence = {r["id"]: r["fence"] for r in rows}
+                    for f in pending:
+                        if all(
+                            i not in now_fence or now_fence[i] != fence
+                            for i, fence in f.running_before.items()
+                        ):
+                            f.recovered_s = max(0.0, self.elapsed() - f.at)
+                except CONNECTION_ERRORS:
+                    pass
+            else:
+                for f in pending:
+                    f.recovered_s = 0.0
+            await asyncio.sleep(0.1)
+
+    async def watch_members(self) -> None:
+        """A member that exits without being told to is a violation (and is replaced)."""
+        while not self.stop_background.is_set():
+            for slot, m in enumerate(self.slots):
+                if m is not None and not m.alive and not m.stopped_by_us:
+                    m.stopped_by_us = True
+                    self.violations.append(
+                        f"member {m.log_path.name} (pid {m.pid}) exited by itself with "
+                        f"status {m.process.returncode} at t={self.elapsed():.1f}s"
+                    )
+                    self.start_member(slot)
+            await asyncio.sleep(0.2)
+
+    # ------------------------------------------------------------------ faults
+
+    async def fault(self, action: str, detail: str, inject: Callable[[], Awaitable[None]]) -> None:
+        """Snapshots the running jobs, then injects; the tracker times the recovery."""
+        running: dict[int, int] = {}
+        with contextlib.suppress(*CONNECTION_ERRORS):
+            rows = await self.query(
+                f"SELECT id, fence FROM {SCHEMA}.job WHERE state = 'running'", retry_s=2
+            )
+            running = {r["id"]: r["fence"] for r in rows}
+        record = FaultRecord(self.elapsed(), action, detail, running)
+        await inject()
+        self.faults.append(record)
+        log(f"fault t={record.at:.1f}s {action} {detail} ({len(running)} jobs running)")
+
+    def kill_member(self, member: Member, sig: int = signal.SIGKILL) -> None:
+        member.stopped_by_us = True
+        self.member_kills.append((member.pid, time.time()))
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member.pid, sig)
+
+    def worker_pids(self, member: Member) -> list[int]:
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                status = (proc / "status").read_text()
+                cmdline = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if f"\nPPid:\t{member.pid}\n" in status and b"worker" in cmdline:
+                found.append(int(proc.name))
+        return sorted(found)
+
+    async def leader_member(self, within_s: float = 30.0) -> Member | None:
+        k1, k2 = unsigned(lock_key(LEADER, SCHEMA))
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            rows = await self.query(
+                f"SELECT l.member FROM {SCHEMA}.leader AS l JOIN pg_locks AS k "
+                "ON k.pid = l.backend_pid AND k.locktype = 'advisory' AND k.granted "
+                "AND k.classid::bigint = $1 AND k.objid::bigint = $2 AND k.objsubid = 2 "
+                "ORDER BY l.term DESC LIMIT 1",
+                k1,
+                k2,
+            )
+            if rows:
+                pid = int(rows[0]["member"].split(":")[1])
+                for m in self.live_members():
+                    if m.pid == pid:
+                        return m
+            await asyncio.sleep(0.1)
+        return None
+
+    # ------------------------------------------------------------------ the end
+
+    async def wait_quiescent(self) -> float | None:
+        """Seconds until the hot table is empty and no member holds a job (None: timeout)."""
+        await self.enqueue_done.wait()
+        started = time.monotonic()
+        deadline = started + self.options.quiesce_timeout
+        while time.monotonic() < deadline:
+            rows = await self.query(
+                f"SELECT (SELECT count(*) FROM {SCHEMA}.job) AS live, "
+                "(SELECT count(*) FROM public.chaos_enqueued) AS enqueued"
+            )
+            if rows[0]["live"] == 0 and rows[0]["enqueued"] == self.options.jobs:
+                return time.monotonic() - started
+            await asyncio.sleep(0.25)
+        return None
+
+    async def stop_members(self) -> None:
+        for m in self.live_members():
+            m.stopped_by_us = True
+            m.process.send_signal(signal.SIGTERM)
+        for m in self.members:
+            try:
+                code = await asyncio.to_thread(m.process.wait, 40)
+            except subprocess.TimeoutExpired:
+                self.violations.append(f"member {m.log_path.name} ignored SIGTERM for 40s")
+                m.process.kill()
+                code = await asyncio.to_thread(m.process.wait)
+            m.stopped_by_us = True
+            _ = code
+
+    async def dump(self) -> dict[str, list[dict[str, Any]]]:
+        """The final tables, as CSV files in the evidence folder and as rows for checks."""
+        tables = {
+            "job": f"SELECT * FROM {SCHEMA}.job ORDER BY id",
+            "job_history": f"SELECT * FROM {SCHEMA}.job_history ORDER BY id, finished_at",
+            "job_attempt": f"SELECT * FROM {SCHEMA}.job_attempt ORDER BY job_id, attempt",
+            "leader": f"SELECT * FROM {SCHEMA}.leader ORDER BY term",
+            "member": f"SELECT * FROM {SCHEMA}.member",
+            "cron": f"SELECT * FROM {SCHEMA}.cron",
+            "chaos_ledger": "SELECT * FROM public.chaos_ledger ORDER BY job_id, started_at",
+            "chaos_enqueued": "SELECT * FROM public.chaos_enqueued ORDER BY n",
+        }
+        out: dict[str, list[dict[str, Any]]] = {}
+        for name, sql in tables.items():
+            rows = [dict(r) for r in await self.query(sql)]
+            out[name] = rows
+            with (self.evidence / f"{name}.csv").open("w", newline="") as f:
+                if rows:
+                    writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+                    writer.writeheader()
+                    writer.writerows(rows)
+        return out
+
+    def write_faults(self) -> None:
+        with (self.evidence / "faults.json").open("w") as f:
+            json.dump(
+                [
+                    {
+                        "at_s": round(x.at, 3),
+                        "action": x.action,
+                        "detail": x.detail,
+                        "jobs_running_before": len(x.running_before),
+                        "recovered_s": None if x.recovered_s is None else round(x.recovered_s, 3),
+                    }
+                    for x in self.faults
+                ],
+                f,
+                indent=1,
+            )
+
+    def cleanup(self, keep: bool) -> None:
+        with contextlib.suppress(Exception):
+            shutil.copy(self.cluster.log_path, self.evidence / "postgresql.log")
+        for m in self.members:
+            if m.alive:
+                m.process.kill()
+                m.process.wait()
+        with contextlib.suppress(Exception):
+            self.cluster.stop("immediate")
+        shutil.rmtree(self.work, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(self.evidence, ignore_errors=True)
