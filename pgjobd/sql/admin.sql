@@ -43,14 +43,7 @@ LIMIT 1;
 -- (heartbeat within $1), finished jobs in the last hour, or is paused.
 -- $1 liveness (interval)
 WITH live AS (
-    SELECT j.queue,
-           count(*) FILTER (WHERE j.state = 'available') AS available,
-           count(*) FILTER (WHERE j.state = 'scheduled') AS scheduled,
-           count(*) FILTER (WHERE j.state = 'running') AS running,
-           count(*) FILTER (WHERE j.state = 'retryable') AS retryable,
-           min(j.run_at) FILTER (WHERE j.state = 'available') AS oldest_available_at
-    FROM {{schema}}.job AS j
-    GROUP BY j.queue
+    SELECT * FROM {{schema}}.queue_depth
 ), finished AS (
     -- finished_at prunes to the newest partitions; the BRIN index on finished_at
     -- (0003_audit.sql) finds the last hour's pages in them.

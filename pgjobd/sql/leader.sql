@@ -135,14 +135,7 @@ WHERE j.state = 'running';
 -- Read-only, so unfenced.
 -- $1 queue names
 WITH live AS (
-    SELECT j.queue,
-           count(*) FILTER (WHERE j.state = 'available') AS available,
-           count(*) FILTER (WHERE j.state = 'scheduled') AS scheduled,
-           count(*) FILTER (WHERE j.state = 'running') AS running,
-           count(*) FILTER (WHERE j.state = 'retryable') AS retryable,
-           min(j.run_at) FILTER (WHERE j.state = 'available') AS oldest_available_at
-    FROM {{schema}}.job AS j
-    GROUP BY j.queue
+    SELECT * FROM {{schema}}.queue_depth
 ), named AS (
     SELECT queue FROM live
     UNION SELECT unnest($1::text[])
