@@ -294,7 +294,8 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         return self.dsn
 
     def require_leader_dsn(self) -> str:
-        """The DSN for the leader's session: database.leader_dsn, else the main DSN."""
+        """The DSN for the sessions that must not go through a transaction pooler (the
+        leader's lock, LISTEN): database.leader_dsn, else the main DSN."""
         return self.database.leader_dsn or self.require_dsn()
 
 

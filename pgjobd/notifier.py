@@ -76,7 +76,11 @@ class Notifier:
         failures = 0
         while True:
             try:
-                conn = await connect_session(self.config, "pgjobd listener")
+                # LISTEN needs a session of its own: behind a transaction-pooling proxy this is
+                # database.leader_dsn (a direct connection), like the leader's lock.
+                conn = await connect_session(
+                    self.config, "pgjobd listener", self.config.require_leader_dsn()
+                )
             except TRANSIENT as e:
                 failures += 1
                 log.warning(
