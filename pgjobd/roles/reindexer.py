@@ -169,7 +169,10 @@ class Reindexer:
             with anyio.move_on_after(5, shield=True), contextlib.suppress(Exception):
                 async with ctx.pool.acquire() as other:
                     await other.fetchval(ctx.queries["backend_stop"], pid)
-            conn.terminate()
+            # Ending the backend may already have closed the connection, and the pool
+            # then took it back (the proxy refuses terminate): either way it is gone.
+            with contextlib.suppress(asyncpg.InterfaceError):
+                conn.terminate()
             raise
         await conn.execute("RESET statement_timeout")
         self.rebuilt += 1
