@@ -98,6 +98,9 @@ class _Child:
     crashed_jobs: int = 0
     jobs_done: int = 0
     recycled: str | None = None  # why it was asked to stop and be replaced
+    # A job that has crashed a worker before runs here without new neighbours: if it
+    # kills the process again, it takes no job that arrived after it down with it.
+    suspect: int | None = None
 
     @property
     def pid(self) -> int:
@@ -105,7 +108,9 @@ class _Child:
 
     @property
     def free(self) -> int:
-        return self.slots - len(self.held) if self.ready and not self.retiring else 0
+        if not self.ready or self.retiring or self.suspect is not None:
+            return 0
+        return self.slots - len(self.held)
 
 
 class _BootError(Exception):
@@ -177,7 +182,11 @@ class WorkerPool:
                 # A worker ended while the claim was in flight and took its slots along.
                 unplaced.append(job)
                 continue
-            child = max(candidates, key=lambda c: (c.free, -c.index))
+            if job.crashes:  # a suspected poison pill: the emptiest worker, to itself
+                child = min(candidates, key=lambda c: (len(c.held), c.index))
+                child.suspect = job.id
+            else:
+                child = max(candidates, key=lambda c: (c.free, -c.index))
             info = child.kinds.get(job.kind)
             timeout_s = (
                 info.timeout_s
@@ -446,6 +455,8 @@ class WorkerPool:
         await self.outcomes.send(outcome)  # bounded: a slow completer slows us here
         # Only now is the slot free: until the outcome is handed over the job is held.
         del child.held[done.job_id]
+        if child.suspect == done.job_id:
+            child.suspect = None
         child.jobs_done += 1
         limit = self.config.max_jobs_per_process
         if limit and child.jobs_done >= limit:

@@ -277,3 +277,22 @@ async def test_stopping_lets_short_jobs_finish_and_leaves_the_rest_held(tmp_path
     assert (receive.receive_nowait().job, pool.held()) == (quick, {stuck.id: stuck})
     with pytest.raises(anyio.WouldBlock):
         receive.receive_nowait()
+
+
+async def test_a_job_that_crashed_a_worker_before_runs_without_new_neighbours(
+    tmp_path: Path,
+) -> None:
+    async with running_pool(tmp_path, concurrency=4, processes=2) as h:
+        gate = tmp_path / "gate"
+        suspect = msgspec.structs.replace(make_job("wait_file", {"path": str(gate)}), crashes=1)
+        await h.submit(suspect)
+        assert h.pool.free_slots() == 2  # its worker takes no one else meanwhile
+
+        others = [make_job("wait_file", {"path": str(gate)}) for _ in range(2)]
+        for job in others:
+            await h.submit(job)
+        assert h.pool.free_slots() == 0
+        gate.write_text("go")
+        outcomes = [await h.outcome() for _ in range(3)]
+        assert {o.kind for o in outcomes} == {"completed"}
+        assert h.pool.free_slots() == 4  # the worker is shared again once it is done
