@@ -119,9 +119,13 @@ async def test_a_terminated_leader_session_stops_its_roles_and_its_writes_land_n
     )
     k1, k2 = unsigned(lock_key(LEADER, schema))
     reap = for_schema(schema)["job_reap_expired"]
-    deposed = await conn.fetchrow(reap, k1, k2, old["backend_pid"], 10, [], [], 3)
-    assert (deposed["rescued"], deposed["died"]) == (0, 0)  # (the live leader's reaper
-    # may take the job back any moment now: only the deposed statement's count is ours)
+    async with conn.transaction():
+        # Hold the row, so the live leader's reaper (SKIP LOCKED) leaves it to us.
+        await conn.execute(f"SELECT FROM {schema}.job WHERE id = $1 FOR UPDATE", job_id)
+        deposed = await conn.fetchrow(reap, k1, k2, old["backend_pid"], 10, [], [], 3)
+        assert (deposed["rescued"], deposed["died"]) == (0, 0)
+        state = await conn.fetchval(f"SELECT state FROM {schema}.job WHERE id = $1", job_id)
+        assert state == "running"
     current = await conn.fetchrow(reap, k1, k2, new["backend_pid"], 10, [], [], 3)
     assert (
         current["rescued"] == 1
