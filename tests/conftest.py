@@ -14,8 +14,13 @@ from collections.abc import AsyncIterator, Iterator
 import asyncpg
 import pytest
 
+from pgjobd.config import Config, DatabaseConfig
 from pgjobd.embedded import Cluster
+from pgjobd.leader import unsigned
+from pgjobd.lock_keys import LEADER, lock_key
 from pgjobd.migrate import migrate
+from pgjobd.queries import for_schema
+from pgjobd.roles import RoleContext
 
 
 @pytest.fixture(scope="session")
@@ -61,3 +66,21 @@ async def schema(dsn: str, schema_name: str) -> AsyncIterator[str]:
     finally:
         await admin.execute(f"DROP SCHEMA IF EXISTS {schema_name} CASCADE")
         await admin.close()
+
+
+@pytest.fixture
+async def leading(dsn: str, schema: str) -> AsyncIterator[RoleContext]:
+    """A role context whose fence is a session of ours holding the leader lock: a role's
+    tick, run in the test's process, acts as the fleet's leader would."""
+    session = await asyncpg.connect(dsn)
+    key = lock_key(LEADER, schema)
+    assert await session.fetchval("SELECT pg_try_advisory_lock($1, $2)", *key)
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    try:
+        yield RoleContext(
+            pool, for_schema(schema), Config(database=DatabaseConfig(schema=schema)), "test",
+            1, (*unsigned(key), session.get_server_pid()),
+        )  # fmt: skip
+    finally:
+        await pool.close()
+        await session.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
 
 import anyio
 import asyncpg
@@ -13,10 +12,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pgjobd.config import Config, DatabaseConfig
-from pgjobd.leader import unsigned
-from pgjobd.lock_keys import LEADER, lock_key
-from pgjobd.queries import for_schema
 from pgjobd.roles import RoleContext
 from pgjobd.roles.horizon import HorizonWatchdog, held_since_s
 
@@ -41,22 +36,6 @@ def test_the_xid_clock_dates_a_horizon_no_later_than_it_was_issued(
     # never more than since the first sample past the horizon
     past = [at for at, xid in samples if xid > horizon]
     assert held == (now - past[0] if past else 0.0)
-
-
-@pytest.fixture
-async def leading(dsn: str, schema: str) -> AsyncIterator[RoleContext]:
-    session = await asyncpg.connect(dsn)
-    key = lock_key(LEADER, schema)
-    assert await session.fetchval("SELECT pg_try_advisory_lock($1, $2)", *key)
-    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
-    try:
-        yield RoleContext(
-            pool, for_schema(schema), Config(database=DatabaseConfig(schema=schema)), "test",
-            1, (*unsigned(key), session.get_server_pid()),
-        )  # fmt: skip
-    finally:
-        await pool.close()
-        await session.close()
 
 
 async def test_an_open_transaction_is_named_as_the_culprit(

@@ -3,7 +3,6 @@ year boundaries, fenced on the leader's lock, finishing an interrupted detach.""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import date, timedelta
 
 import asyncpg
@@ -11,10 +10,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pgjobd.config import Config, DatabaseConfig, RetentionConfig
-from pgjobd.duration import Duration
-from pgjobd.leader import unsigned
-from pgjobd.lock_keys import LEADER, lock_key
 from pgjobd.queries import for_schema
 from pgjobd.roles import RoleContext
 from pgjobd.roles.partitions import PartitionRotator, expired_days, partition_day
@@ -49,27 +44,6 @@ def test_expired_days_are_exactly_those_past_retention(
 )
 def test_partition_names_are_read_strictly(name: str, day: date | None) -> None:
     assert partition_day(name, "job_history") == day
-
-
-@pytest.fixture
-async def leading(dsn: str, schema: str, conn: asyncpg.Connection) -> AsyncIterator[RoleContext]:
-    """A role context whose fence is a session of ours holding the leader lock."""
-    session = await asyncpg.connect(dsn)
-    key = lock_key(LEADER, schema)
-    assert await session.fetchval("SELECT pg_try_advisory_lock($1, $2)", *key)
-    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
-    config = Config(
-        database=DatabaseConfig(schema=schema),
-        retention=RetentionConfig(history=Duration(days=7)),
-    )
-    try:
-        yield RoleContext(
-            pool, for_schema(schema), config, "test", 1,
-            (*unsigned(key), session.get_server_pid()),
-        )  # fmt: skip
-    finally:
-        await pool.close()
-        await session.close()
 
 
 async def _partitions(conn: asyncpg.Connection, schema: str, parent: str) -> set[str]:

@@ -3,18 +3,12 @@ index of the hot table, and does nothing unless it leads."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import anyio
 import asyncpg
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pgjobd.config import Config, DatabaseConfig
-from pgjobd.leader import unsigned
-from pgjobd.lock_keys import LEADER, lock_key
-from pgjobd.queries import for_schema
 from pgjobd.roles import RoleContext
 from pgjobd.roles.reindexer import (
     BLOAT_FACTOR,
@@ -54,23 +48,6 @@ def test_rebuild_decisions() -> None:
     assert rebuild_reason(_index(100 * 8192, 0)) is None  # bloated, but under 1 MiB
     assert rebuild_reason(_index(10**9, -1)) is None  # never measured
     assert rebuild_reason(_index(8192, 0, valid=False)) == "invalid"
-
-
-@pytest.fixture
-async def leading(dsn: str, schema: str) -> AsyncIterator[RoleContext]:
-    """A role context whose fence is a session of ours holding the leader lock."""
-    session = await asyncpg.connect(dsn)
-    key = lock_key(LEADER, schema)
-    assert await session.fetchval("SELECT pg_try_advisory_lock($1, $2)", *key)
-    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
-    try:
-        yield RoleContext(
-            pool, for_schema(schema), Config(database=DatabaseConfig(schema=schema)), "test",
-            1, (*unsigned(key), session.get_server_pid()),
-        )  # fmt: skip
-    finally:
-        await pool.close()
-        await session.close()
 
 
 def _deposed(leading: RoleContext) -> RoleContext:
