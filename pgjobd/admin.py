@@ -470,9 +470,13 @@ async def redrive(
     q = for_schema(schema)
     async with _connection(db) as conn, conn.transaction():
         start = await _since(conn, since)
-        row = await conn.fetchrow(q["admin_dlq_redrive"], kind, queue, start)
-        assert row is not None
-        ids, blocked = list(row["ids"]), list(row["blocked"])
+        dead = [r["id"] for r in await conn.fetch(q["admin_dlq_ids"], kind, queue, start)]
+        ids: list[int] = []
+        blocked: list[int] = []
+        if dead:
+            row = await conn.fetchrow(q["admin_jobs_revive"], dead)
+            assert row is not None
+            ids, blocked = list(row["ids"]), list(row["blocked"])
         filters = {"kind": kind, "queue": queue, "since": start.isoformat() if start else None}
         audit_id = await _audit(
             conn, q, user, "dlq.redrive", target=queue, job_ids=ids,

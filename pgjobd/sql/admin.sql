@@ -225,46 +225,16 @@ WHERE h.state = 'dead'
 ORDER BY h.finished_at DESC, h.id DESC
 LIMIT $4;
 
--- name: admin_dlq_redrive
--- Every matching dead job back to the hot table, as admin_jobs_revive does for ids:
--- same id, available now, attempts kept, max_attempts raised if spent, final record
--- deleted in this statement. Jobs whose unique_key a live job (or a newer matching dead
--- job) holds stay dead and come back in `blocked`.
+-- name: admin_dlq_ids
+-- The dead jobs a redrive takes (then admin_jobs_revive, in the same transaction).
 -- $1 kind (NULL: any), $2 queue (NULL: any), $3 dead since (NULL: ever)
-WITH picked AS (
-    SELECT h.id, h.unique_key
-    FROM {{schema}}.job_history AS h
-    WHERE h.state = 'dead'
-      AND ($1::text IS NULL OR h.kind = $1::text)
-      AND ($2::text IS NULL OR h.queue = $2::text)
-      AND ($3::timestamptz IS NULL OR h.finished_at >= $3::timestamptz)
-), blocked AS (
-    SELECT p.id FROM picked AS p
-    WHERE p.unique_key IS NOT NULL
-      AND (EXISTS (SELECT FROM {{schema}}.job AS j WHERE j.unique_key = p.unique_key)
-           OR EXISTS (SELECT FROM picked AS o WHERE o.unique_key = p.unique_key
-                                                AND o.id > p.id))
-), moved AS (
-    DELETE FROM {{schema}}.job_history AS h
-    USING picked AS p
-    WHERE h.id = p.id AND h.state = 'dead'
-      AND p.id NOT IN (SELECT b.id FROM blocked AS b)
-    RETURNING h.*
-), revived AS (
-    INSERT INTO {{schema}}.job (id, run_at, enqueued_at, attempted_at, attempt,
-        max_attempts, priority, state, queue, kind, tenant, unique_key, last_error, args)
-    SELECT m.id, now(), m.enqueued_at, m.attempted_at, m.attempt,
-           greatest(m.max_attempts, m.attempt + 1), m.priority, 'available', m.queue,
-           m.kind, m.tenant, m.unique_key, m.last_error, m.args
-    FROM moved AS m
-    RETURNING id, queue
-), woken AS (
-    SELECT pg_notify('{{schema}}.job_ready', q.queue)
-    FROM (SELECT DISTINCT r.queue FROM revived AS r) AS q
-)
-SELECT ARRAY(SELECT r.id FROM revived AS r ORDER BY r.id) AS ids,
-       ARRAY(SELECT b.id FROM blocked AS b ORDER BY b.id) AS blocked,
-       (SELECT count(*) FROM woken) AS queues_woken;
+SELECT h.id
+FROM {{schema}}.job_history AS h
+WHERE h.state = 'dead'
+  AND ($1::text IS NULL OR h.kind = $1::text)
+  AND ($2::text IS NULL OR h.queue = $2::text)
+  AND ($3::timestamptz IS NULL OR h.finished_at >= $3::timestamptz)
+ORDER BY h.id;
 
 -- name: admin_queue_set_paused
 -- Pauses or resumes a queue fleet-wide: upserts its `queue` row and announces the
