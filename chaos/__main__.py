@@ -52,6 +52,7 @@ async def run_one(scenario: Scenario, options: Options) -> bool:
             tables,
             killed_members=run.member_kills,
             expected_dead_kinds=set(scenario.expected_dead),
+            unstarted_ok=scenario.unstarted_ok,
         )
         violations = run.violations + verdict.violations
         if run.leader_multi:

@@ -44,6 +44,7 @@ def check(
     *,
     killed_members: list[tuple[int, float]],
     expected_dead_kinds: set[str],
+    unstarted_ok: frozenset[str] = frozenset(),
 ) -> Verdict:
     v = Verdict()
     enqueued = {r["job_id"]: r for r in tables["chaos_enqueued"]}
@@ -160,6 +161,27 @@ def check(
         if b["elected_at"] < a["elected_at"]
     ]
     v.fail("leader terms out of order", disorder)
+
+    # 8. No attempt is charged to a job that no handler started, except a failed attempt
+    # whose outcome the run's faults explain (`unstarted_ok`: a worker killed with jobs
+    # still in its pipe is charged `crashed`; a member killed, or a claim whose answer
+    # the server never delivered, is charged `lease_expired` by the reaper).
+    started: dict[int, set[int]] = defaultdict(set)
+    for r in tables.get("chaos_started", []):
+        started[r["job_id"]].add(r["attempt"])
+    uncharged_ok = []
+    for i, r in finals.items():
+        outcomes = {a["attempt"]: a["outcome"] for a in attempts.get(i, [])}
+        for attempt in range(1, r["attempt"] + 1):
+            if attempt in started[i]:
+                continue
+            outcome = outcomes.get(attempt, r["state"])
+            if outcome not in unstarted_ok:
+                uncharged_ok.append(
+                    f"job {i} ({r['kind']}) attempt {attempt} charged ({outcome}) "
+                    f"but no handler started it; final {r['state']} {r['reason']}"
+                )
+    v.fail("attempt charged to a job no handler started", uncharged_ok)
 
     versions = sorted({e["outcome"] for x in ledger.values() for e in x if ":v" in e["outcome"]})
     if versions:

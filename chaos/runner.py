@@ -60,6 +60,13 @@ CREATE TABLE IF NOT EXISTS public.chaos_ledger (
     recorded_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX IF NOT EXISTS chaos_ledger_job_idx ON public.chaos_ledger (job_id);
+-- Every handler's first act: proof that an attempt reached a handler.
+CREATE TABLE IF NOT EXISTS public.chaos_started (
+    job_id      bigint      NOT NULL,
+    attempt     integer     NOT NULL,
+    worker_pid  integer     NOT NULL,
+    started_at  timestamptz NOT NULL
+);
 -- The workload as enqueued: written in the enqueue's own transaction, so an enqueue
 -- whose COMMIT answer was lost (the server died) is known exactly.
 CREATE TABLE IF NOT EXISTS public.chaos_enqueued (
@@ -229,6 +236,7 @@ class Run:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
+                start_new_session=True,  # its own process group: group signals reach it alone
             )
         member = Member(slot, generation, process, log_path, self.elapsed())
         self.members.append(member)
@@ -474,6 +482,7 @@ class Run:
             "cron": f"SELECT * FROM {SCHEMA}.cron",
             "chaos_ledger": "SELECT * FROM public.chaos_ledger ORDER BY job_id, started_at",
             "chaos_enqueued": "SELECT * FROM public.chaos_enqueued ORDER BY n",
+            "chaos_started": "SELECT * FROM public.chaos_started ORDER BY job_id, attempt",
         }
         out: dict[str, list[dict[str, Any]]] = {}
         for name, sql in tables.items():

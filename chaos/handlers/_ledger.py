@@ -26,6 +26,10 @@ _INSERT = (
     "started_at, ended_at, outcome) "
     "VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7), to_timestamp($8), $9)"
 )
+_STARTED = (
+    "INSERT INTO public.chaos_started (job_id, attempt, worker_pid, started_at) "
+    "VALUES ($1, $2, $3, to_timestamp($4))"
+)
 
 
 async def _get_pool() -> asyncpg.Pool:
@@ -52,15 +56,28 @@ async def _reset_pool() -> None:
 
 
 async def ledger(ctx: JobContext, n: int, started: float, outcome: str) -> None:
+    """One execution ended (or is about to end its process): its ledger row."""
     ended = time.time()
+    await _write(
+        _INSERT, ctx.id, ctx.attempt, ctx.kind, n, os.getppid(), os.getpid(),
+        started, ended, outcome,
+    )  # fmt: skip
+
+
+async def handler_started(ctx: JobContext) -> float:
+    """A handler began an attempt: the evidence that the attempt was really started
+    (a charged attempt without it was claimed but never handed to a handler)."""
+    started = time.time()
+    await _write(_STARTED, ctx.id, ctx.attempt, os.getpid(), started)
+    return started
+
+
+async def _write(sql: str, *args: object) -> None:
     deadline = time.monotonic() + _LEDGER_RETRY_S
     while True:
         try:
             pool = await _get_pool()
-            await pool.execute(
-                _INSERT, ctx.id, ctx.attempt, ctx.kind, n, os.getppid(), os.getpid(),
-                started, ended, outcome,
-            )  # fmt: skip
+            await pool.execute(sql, *args)
             return
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
             if time.monotonic() > deadline:

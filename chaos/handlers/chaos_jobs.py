@@ -1,7 +1,8 @@
 """The chaos suite's job handlers: each execution is written to the ledger table.
 
-Every handler records (job id, attempt, member pid, worker pid, start, end, outcome) in
-`chaos_ledger` (see _ledger.py) before it returns, raises or kills its worker.
+Every handler records its start in `chaos_started` first, then (job id, attempt, member
+pid, worker pid, start, end, outcome) in `chaos_ledger` (see _ledger.py) before it
+returns, raises or kills its worker.
 
 Args: {"n": the workload index (-1 for cron jobs), "ms": time to spend}.
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 from pgjobd import JobContext, job
 
-from ._ledger import ledger
+from ._ledger import handler_started, ledger
 
 
 def _n(args: dict[str, Any]) -> int:
@@ -25,7 +26,7 @@ def _n(args: dict[str, Any]) -> int:
 @job(max_attempts=25)
 async def chaos_work(args: dict[str, Any], ctx: JobContext) -> int:
     """The bulk of every workload: spend `ms`, record, succeed."""
-    started = time.time()
+    started = await handler_started(ctx)
     await asyncio.sleep(float(args.get("ms", 10)) / 1000)
     await ledger(ctx, _n(args), started, "ok")
     return ctx.attempt
@@ -34,7 +35,7 @@ async def chaos_work(args: dict[str, Any], ctx: JobContext) -> int:
 @job(max_attempts=25)
 async def chaos_raise_once(args: dict[str, Any], ctx: JobContext) -> int:
     """Fails its first attempt (an ordinary exception), succeeds after."""
-    started = time.time()
+    started = await handler_started(ctx)
     await asyncio.sleep(float(args.get("ms", 10)) / 1000)
     if ctx.attempt == 1:
         await ledger(ctx, _n(args), started, "raised")
@@ -46,7 +47,7 @@ async def chaos_raise_once(args: dict[str, Any], ctx: JobContext) -> int:
 @job(max_attempts=25)
 async def chaos_crash_once(args: dict[str, Any], ctx: JobContext) -> int:
     """Kills its own worker process (os._exit) on the first attempt, succeeds after."""
-    started = time.time()
+    started = await handler_started(ctx)
     if ctx.attempt == 1:
         await ledger(ctx, _n(args), started, "crashed")
         os._exit(3)
@@ -57,14 +58,14 @@ async def chaos_crash_once(args: dict[str, Any], ctx: JobContext) -> int:
 @job(max_attempts=25)
 async def chaos_poison(args: dict[str, Any], ctx: JobContext) -> None:
     """Kills its worker on every attempt: quarantined (dead, worker_crash)."""
-    await ledger(ctx, _n(args), time.time(), "crashed")
+    await ledger(ctx, _n(args), await handler_started(ctx), "crashed")
     os._exit(4)
 
 
 @job(max_attempts=25, timeout="1s")
 async def chaos_hang_soft(args: dict[str, Any], ctx: JobContext) -> int:
     """First attempt sleeps past its 1s timeout (cancellable): a timeout failure."""
-    started = time.time()
+    started = await handler_started(ctx)
     if ctx.attempt == 1:
         await ledger(ctx, _n(args), started, "hung")
         await asyncio.sleep(30)
@@ -75,7 +76,7 @@ async def chaos_hang_soft(args: dict[str, Any], ctx: JobContext) -> int:
 @job(max_attempts=25, timeout="1s")
 async def chaos_hang_hard(args: dict[str, Any], ctx: JobContext) -> int:
     """First attempt blocks its worker's event loop past the timeout: the worker is killed."""
-    started = time.time()
+    started = await handler_started(ctx)
     if ctx.attempt == 1:
         await ledger(ctx, _n(args), started, "hung")
         deadline = time.monotonic() + 30
@@ -88,7 +89,7 @@ async def chaos_hang_hard(args: dict[str, Any], ctx: JobContext) -> int:
 @job(max_attempts=25, timeout="30s")
 async def chaos_past_lease(args: dict[str, Any], ctx: JobContext) -> int:
     """Runs longer than the lease (ms is e.g. 5000 with lease 3s): renewal must hold."""
-    started = time.time()
+    started = await handler_started(ctx)
     await asyncio.sleep(float(args.get("ms", 5000)) / 1000)
     await ledger(ctx, _n(args), started, "ok")
     return ctx.attempt
@@ -97,5 +98,5 @@ async def chaos_past_lease(args: dict[str, Any], ctx: JobContext) -> int:
 @job(max_attempts=25)
 async def chaos_cron(args: dict[str, Any], ctx: JobContext) -> str:
     """Enqueued by the config's [[cron]] entry, once per minute slot."""
-    await ledger(ctx, -1, time.time(), "ok")
+    await ledger(ctx, -1, await handler_started(ctx), "ok")
     return ctx.scheduled_at.isoformat()
