@@ -155,6 +155,7 @@ def _migrate(args: argparse.Namespace) -> int:
         try:
             if args.dry_run:
                 todo = await migrate.pending(conn, schema)
+                (await migrate.verify(conn, schema)).raise_for_migrate()
                 sys.stdout.write(migrate.dry_run_sql(schema, todo, roles=args.roles))
                 return EXIT_OK
             applied = await migrate.migrate(conn, schema, roles=args.roles)

@@ -158,7 +158,7 @@ class Member:
         pool = await db.create_pool(self.config, reset=skip_session_reset)
         try:
             async with pool.acquire() as conn:
-                await migrate.check_schema(conn, self.config.database.schema)
+                await migrate.check_schema(conn, self.config.database.schema, deep=True)
             self.db_ok_at = anyio.current_time()
             await self._serve(pool)
         finally:

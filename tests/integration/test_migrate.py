@@ -208,3 +208,190 @@ async def test_two_schemas_in_one_database_are_independent(
     assert await conn.fetchval(f"SELECT count(*) FROM {other}.job") == 0
     await conn.execute(f"DROP SCHEMA {other} CASCADE")
     assert await migrate.check_schema(conn, schema) == migrate.code_version()
+
+
+# -- a schema in a bad state: missing, altered and foreign objects ------------------------
+
+
+async def _migrate_refused(conn: asyncpg.Connection, schema: str) -> str:
+    with pytest.raises(SchemaError) as refused:
+        await migrate.migrate(conn, schema)
+    return str(refused.value)
+
+
+async def test_a_freshly_migrated_schema_matches_its_migrations(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    found = await migrate.verify(conn, schema)
+
+    assert (found.missing, found.altered, found.foreign, found.skipped) == ([], [], [], None)
+    assert await migrate.check_schema(conn, schema, deep=True) == migrate.code_version()
+
+
+async def test_the_expected_catalog_comes_from_the_migration_files(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    """Whatever migrations exist: the scratch build of the last version is what a real
+    migrate leaves, object for object (so no list of objects is kept by hand)."""
+    latest = migrate.code_version()
+    expected = await migrate.expected_catalogs(conn, schema, [0, latest])
+    actual = await migrate.read_catalog(conn, schema)
+
+    assert expected[latest] == actual
+    assert ("relation", "migration") in expected[0]  # version 0: the bootstrap only
+    assert all(obj.relation == "migration" for obj in expected[0].values())
+    for name in ("job", "job_history", "job_attempt", "migration"):
+        assert ("relation", name) in actual
+    scratch_left = await conn.fetchval(
+        "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgjobd_verify_%'"
+    )
+    assert scratch_left == 0  # rolled back
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        ("DROP TABLE {s}.job_attempt", "table {s}.job_attempt is missing"),
+        (
+            "ALTER TABLE {s}.job ALTER COLUMN fence TYPE text",
+            "column {s}.job.fence has type text, expected bigint",
+        ),
+        (
+            "ALTER TABLE {s}.job ALTER COLUMN kind DROP NOT NULL",
+            "column {s}.job.kind is nullable, expected NOT NULL",
+        ),
+        ("ALTER TABLE {s}.job DROP COLUMN tenant", "column {s}.job.tenant is missing"),
+        (
+            "DROP FUNCTION {s}.partitions_ensure(integer)",
+            "function {s}.partitions_ensure(days_ahead integer) is missing",
+        ),
+        ("DROP INDEX {s}.job_claim_idx", "index {s}.job_claim_idx is missing"),
+        (
+            "DROP INDEX {s}.job_due_idx; CREATE INDEX job_due_idx ON {s}.job (run_at, id)",
+            "index {s}.job_due_idx has definition CREATE INDEX job_due_idx ON {s}.job "
+            "USING btree (run_at, id), expected",
+        ),
+        ("ALTER TABLE {s}.job RESET (fillfactor)", "table {s}.job has storage options"),
+        ("ALTER TYPE {s}.job_state ADD VALUE 'paused'", "enum type {s}.job_state has definition"),
+        ("DROP SEQUENCE {s}.fence_seq CASCADE", "sequence {s}.fence_seq is missing"),
+        (
+            "CREATE OR REPLACE FUNCTION {s}.partitions_ensure(days_ahead integer) "
+            "RETURNS integer LANGUAGE plpgsql SECURITY DEFINER "
+            "SET search_path = pg_catalog, pg_temp AS $$ BEGIN RETURN 0; END $$",
+            "function {s}.partitions_ensure(days_ahead integer) has a different body",
+        ),
+    ],
+)
+async def test_migrate_names_each_missing_or_altered_object_and_changes_nothing(
+    dsn: str, conn: asyncpg.Connection, schema: str, damage: str, problem: str
+) -> None:
+    await conn.execute(damage.format(s=schema))
+    before = await migrate.read_catalog(conn, schema)
+
+    message = await _migrate_refused(conn, schema)
+    result = await _pgjobd_migrate(dsn, schema)
+
+    assert problem.format(s=schema) in message
+    assert "Nothing was changed" in message
+    assert result.returncode == 1
+    assert problem.format(s=schema) in result.stderr.decode()
+    assert await migrate.read_catalog(conn, schema) == before
+    with pytest.raises(SchemaError, match="does not match its migrations"):
+        await migrate.check_schema(conn, schema, deep=True)  # a member would not start
+
+
+async def test_migrate_refuses_a_schema_that_already_holds_a_table_of_someone_else(
+    dsn: str, conn: asyncpg.Connection, scratch_schema: str
+) -> None:
+    await conn.execute(f"CREATE SCHEMA {scratch_schema}")
+    await conn.execute(f"CREATE TABLE {scratch_schema}.foo (x integer)")
+    await conn.execute(f"CREATE VIEW {scratch_schema}.bar AS SELECT 1 AS one")
+
+    message = await _migrate_refused(conn, scratch_schema)
+    result = await _pgjobd_migrate(dsn, scratch_schema)
+    dry_run = await _pgjobd_migrate(dsn, scratch_schema, "--dry-run")
+
+    assert f"table {scratch_schema}.foo" in message
+    assert f"view {scratch_schema}.bar" in message
+    assert "did not create" in message
+    assert result.returncode == 1 and f"table {scratch_schema}.foo" in result.stderr.decode()
+    assert dry_run.returncode == 1 and dry_run.stdout == b""
+    tables = await conn.fetch(
+        "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = $1 ORDER BY 1",
+        scratch_schema,
+    )
+    assert [r["relname"] for r in tables] == ["bar", "foo"]  # no migration table either
+
+
+async def test_migrate_uses_an_empty_schema_made_ahead_of_it(
+    conn: asyncpg.Connection, scratch_schema: str
+) -> None:
+    await conn.execute(f"CREATE SCHEMA {scratch_schema}")
+
+    assert await migrate.migrate(conn, scratch_schema) == [m.version for m in migrate.available()]
+    assert not (await migrate.verify(conn, scratch_schema)).broken
+
+
+async def test_a_stray_table_stops_pending_migrations_before_any_is_applied(
+    conn: asyncpg.Connection, scratch_schema: str
+) -> None:
+    """A schema one version behind, with a table of someone else's: nothing is applied."""
+    older = migrate.available()[:-1]
+    await conn.execute(migrate.sql_text.render(migrate._BOOTSTRAP, scratch_schema))
+    for m in older:
+        await conn.execute(migrate.sql_text.render(m.sql, scratch_schema))
+        await conn.execute(
+            f"INSERT INTO {scratch_schema}.migration (version, name, checksum) "
+            "VALUES ($1, $2, $3)",
+            m.version, m.name, m.checksum,
+        )  # fmt: skip
+    assert not (await migrate.verify(conn, scratch_schema)).foreign  # compared at its version
+    await conn.execute(f"CREATE TABLE {scratch_schema}.reports (id integer)")
+
+    message = await _migrate_refused(conn, scratch_schema)
+
+    assert f"table {scratch_schema}.reports" in message
+    versions = await conn.fetch(f"SELECT version FROM {scratch_schema}.migration ORDER BY 1")
+    assert [r["version"] for r in versions] == [m.version for m in older]
+
+
+async def test_extra_objects_in_a_used_schema_are_refused_by_migrate_and_only_warned_at_start(
+    conn: asyncpg.Connection, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    await conn.execute(f"CREATE INDEX my_report_idx ON {schema}.job (kind)")
+    await conn.execute(
+        f"CREATE FUNCTION {schema}.my_helper() RETURNS int LANGUAGE sql AS 'SELECT 1'"
+    )
+
+    message = await _migrate_refused(conn, schema)
+    with caplog.at_level("WARNING", logger="pgjobd.migrate"):
+        version = await migrate.check_schema(conn, schema, deep=True)
+
+    assert f"index {schema}.my_report_idx" in message
+    assert f"function {schema}.my_helper()" in message
+    assert version == migrate.code_version()
+    assert f"index {schema}.my_report_idx" in caplog.text
+
+
+async def test_what_the_fleet_itself_leaves_in_the_schema_is_not_foreign(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    """Partitions (attached, or detached by a rotator stopped before its DROP) and an
+    interrupted REINDEX CONCURRENTLY's invalid copy are the fleet's own."""
+    await conn.execute(
+        f"CREATE TABLE {schema}.job_history_p20200101 PARTITION OF {schema}.job_history "
+        "FOR VALUES FROM ('2020-01-01 00:00+00') TO ('2020-01-02 00:00+00')"
+    )
+    await conn.execute(
+        f"CREATE TABLE {schema}.job_attempt_p20200101 PARTITION OF {schema}.job_attempt "
+        "FOR VALUES FROM ('2020-01-01 00:00+00') TO ('2020-01-02 00:00+00')"
+    )
+    await conn.execute(f"ALTER TABLE {schema}.job_attempt DETACH PARTITION "
+                       f"{schema}.job_attempt_p20200101")  # fmt: skip
+    await conn.execute(f"CREATE INDEX job_claim_idx_ccnew ON {schema}.job (queue)")
+
+    found = await migrate.verify(conn, schema)
+
+    assert (found.missing, found.altered, found.foreign) == ([], [], [])
+    assert await migrate.migrate(conn, schema) == []
