@@ -8,6 +8,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from datetime import date, timedelta
 
 import anyio
 import asyncpg
@@ -16,6 +17,7 @@ import pytest
 from pgjobd import Client, migrate
 from pgjobd.errors import SchemaError
 from pgjobd.lock_keys import LEADER, MIGRATE, lock_key
+from pgjobd.queries import for_schema
 
 pytestmark = pytest.mark.anyio
 
@@ -395,3 +397,80 @@ async def test_what_the_fleet_itself_leaves_in_the_schema_is_not_foreign(
 
     assert (found.missing, found.altered, found.foreign) == ([], [], [])
     assert await migrate.migrate(conn, schema) == []
+
+
+# -- partitions at the day boundary (the suite must pass at any UTC hour) ------------------
+
+
+async def _partition_of(conn: asyncpg.Connection, table: str, where: str) -> str:
+    name: str = await conn.fetchval(f"SELECT tableoid::regclass::text FROM {table} WHERE {where}")
+    return name.rsplit(".", 1)[-1]
+
+
+async def test_a_record_written_just_before_midnight_utc_has_a_partition(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    """A transaction that began at 23:59:59.999 UTC writes that time after midnight, and a
+    fresh schema must take it: migrate makes yesterday's partitions too (before, only
+    today's on: a history row dated `now() - 3 hours` failed from 00:00 to 03:00 UTC)."""
+    midnight = "(date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')"
+    yesterday: date = await conn.fetchval("SELECT (now() AT TIME ZONE 'UTC')::date - 1")
+    await conn.execute(
+        f"INSERT INTO {schema}.job_history (id, finished_at, run_at, enqueued_at, attempt, "
+        "max_attempts, priority, state, queue, kind, args) VALUES "
+        f"(1, {midnight} - interval '1 ms', now(), now(), 1, 1, 0, 'completed', 'q', 'k', '{{}}')"
+    )
+    await conn.execute(
+        f"INSERT INTO {schema}.job_attempt (job_id, failed_at, attempt, queue, kind, outcome) "
+        f"VALUES (1, {midnight} - interval '23 hours', 1, 'q', 'k', 'failed')"
+    )
+
+    day = f"{yesterday:%Y%m%d}"
+    assert await _partition_of(conn, f"{schema}.job_history", "id = 1") == f"job_history_p{day}"
+    assert await _partition_of(conn, f"{schema}.job_attempt", "job_id = 1") == (
+        f"job_attempt_p{day}"
+    )
+
+
+async def test_past_partitions_for_a_given_day_across_a_month_end(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    created = await migrate.ensure_past_partitions(conn, schema, today=date(2026, 3, 1))
+    again = await migrate.ensure_past_partitions(conn, schema, today=date(2026, 3, 1))
+
+    assert created == 2 * migrate.PARTITION_DAYS_BACK
+    assert again == 0
+    bounds = await conn.fetchval(
+        "SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_class c WHERE c.oid = $1::regclass",
+        f"{schema}.job_history_p20260228",
+    )
+    assert bounds == "FOR VALUES FROM ('2026-02-28 00:00:00+00') TO ('2026-03-01 00:00:00+00')"
+    assert await conn.fetchval("SELECT to_regclass($1) IS NOT NULL",
+                               f"{schema}.job_attempt_p20260228")  # fmt: skip
+    assert not (await migrate.verify(conn, schema)).foreign  # partitions are the fleet's own
+
+
+async def test_a_late_completion_of_an_old_job_lands_in_todays_partition(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    """finished_at is when the outcome is written, not when the job was due or claimed:
+    a job due days ago and finished now is today's record (and kept as long as any)."""
+    q = for_schema(schema)
+    job_id = await conn.fetchval(
+        f"SELECT {schema}.enqueue('old', '{{}}', run_at => now() - interval '3 days')"
+    )
+    await conn.execute(f"UPDATE {schema}.job SET enqueued_at = now() - interval '3 days', "
+                       "state = 'available' WHERE id = $1", job_id)  # fmt: skip
+    [claimed] = await conn.fetch(q["job_claim"], "default", 1, "m-1", timedelta(hours=1))
+    await conn.execute(f"UPDATE {schema}.job SET attempted_at = now() - interval '2 days' "
+                       "WHERE id = $1", job_id)  # fmt: skip
+
+    finished = await conn.fetch(
+        q["job_complete_many"], [job_id], [claimed["fence"]], [None], [True]
+    )
+
+    assert [r["id"] for r in finished] == [job_id]
+    today: date = await conn.fetchval("SELECT (now() AT TIME ZONE 'UTC')::date")
+    assert await _partition_of(conn, f"{schema}.job_history", f"id = {job_id}") == (
+        f"job_history_p{today:%Y%m%d}"
+    )
