@@ -23,7 +23,7 @@ from pgjobd import __version__, admin, config, daemon, dev, log, migrate, worker
 from pgjobd.client import Client
 from pgjobd.duration import parse_duration
 from pgjobd.errors import ConfigError, EnqueueError, PgjobdError, SchemaError
-from pgjobd.handlers import load_directories
+from pgjobd.handlers import check_cron, load_directories
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -177,6 +177,7 @@ def _migrate(args: argparse.Namespace) -> int:
 def _check_config(args: argparse.Namespace) -> int:
     cfg = _load_config(args)
     registry = load_directories(cfg.daemon.handlers)
+    check_cron(cfg, registry)
     kinds = {
         spec.kind: {"queue": spec.queue or config.DEFAULT_QUEUE, "source": spec.source}
         for spec in registry.values()

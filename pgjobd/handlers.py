@@ -26,10 +26,15 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from pgjobd.errors import ConfigError
-from pgjobd.handler import HandlerSpec, handler_spec
+from pgjobd.handler import ArgsError, HandlerSpec, handler_spec, validate_args
+
+if TYPE_CHECKING:
+    from pgjobd.config import Config
 
 PACKAGE_ROOT = "pgjobd_handlers"
 
@@ -165,3 +170,34 @@ def _specs_in_package(package: str) -> list[HandlerSpec]:
                 seen.add(id(spec))
                 specs.append(spec)
     return specs
+
+
+def check_cron(config: Config, registry: Registry) -> None:
+    """ConfigError, one line per problem, unless every [[cron]] entry's kind has a handler
+    in `registry` and its args convert to that handler's args type.
+
+    The args take the path a cron job's args take: encoded to JSON as the cron ticker
+    stores them, decoded and converted as the worker does (`validate_args`), so a schedule
+    that passes here does not end its jobs dead with invalid_args or unknown_kind.
+    """
+    source = str(config.source) if config.source else "config"
+    directories = ", ".join(str(d) for d in config.daemon.handlers) or "none configured"
+    problems = []
+    for index, entry in enumerate(config.cron):
+        where = f'{source}: cron[{index}] (name "{entry.name}")'
+        spec = registry.get(entry.kind)
+        if spec is None:
+            known = ", ".join(registry.kinds()) or "none"
+            problems.append(
+                f'{where}.kind: no handler for kind "{entry.kind}" in the handler '
+                f"directories ({directories}); the kinds they define: {known}"
+            )
+            continue
+        try:
+            validate_args(spec, msgspec.json.decode(msgspec.json.encode(entry.args)))
+        except ArgsError as e:
+            problems.append(
+                f"{where}.args: {e} (handler {spec.function.__qualname__} in {spec.source})"
+            )
+    if problems:
+        raise ConfigError("\n".join(problems))

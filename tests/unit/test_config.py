@@ -22,6 +22,8 @@ from pgjobd.config import (
 )
 from pgjobd.duration import format_duration
 from pgjobd.errors import ConfigError
+from pgjobd.handler import ArgsError, job, validate_args
+from pgjobd.handlers import Registry, check_cron
 
 REPO = Path(__file__).resolve().parents[2]
 FILE = Path("/srv/app/pgjobd.toml")  # for loads(): named in errors, never read
@@ -540,3 +542,91 @@ def test_backoff_durations_round_trip_and_are_ordered(base: timedelta, cap: time
         assert (queue.backoff_base, queue.backoff_max) == (base, cap)
     else:
         assert "queues.q.backoff_max: must be at least backoff_base" in config_error(text)
+
+
+# -- [[cron]] entries against the handlers (`pgjobd check-config`) ------------------------
+
+
+class MailArgs(msgspec.Struct, forbid_unknown_fields=True):
+    to: str
+    retries: int = 0
+    weight: float = 1.0
+
+
+@job(kind="mail.send")
+def send_mail(args: MailArgs) -> None:
+    pass
+
+
+CRON_REGISTRY = Registry.from_functions([send_mail])
+toml_scalars = (
+    st.text(max_size=8)
+    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)  # the config refuses the others
+    | st.booleans()
+)
+toml_values = st.recursive(
+    toml_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+cron_args = st.dictionaries(
+    st.sampled_from(["to", "retries", "weight", "cc"]) | st.text(max_size=5),
+    toml_values,
+    max_size=4,
+)
+
+
+def with_cron(*entries: CronEntry) -> Config:
+    return msgspec.structs.replace(
+        Config(daemon=DaemonConfig(handlers=(Path("/srv/handlers"),))), cron=entries,
+        source=FILE,
+    )  # fmt: skip
+
+
+@given(cron_args, st.sampled_from(["mail.send", "mail.sned"]))
+def test_check_cron_passes_exactly_the_entries_a_worker_would_run(
+    args: dict[str, object], kind: str
+) -> None:
+    """Whatever TOML args: check_cron passes, or raises a ConfigError naming the file and
+    the entry; and what passes converts on the path a cron job takes (stored as JSON by
+    the ticker, decoded and converted by the worker)."""
+    entry = CronEntry(name="e", schedule="0 2 * * *", kind=kind, args=args)
+    try:
+        check_cron(with_cron(entry), CRON_REGISTRY)
+    except ConfigError as e:
+        assert str(e).startswith(f'{FILE}: cron[0] (name "e").'), str(e)
+        passed = False
+    else:
+        passed = True
+    try:
+        stored = msgspec.json.encode(args)  # as the cron ticker writes the job's args
+        validate_args(CRON_REGISTRY[kind], msgspec.json.decode(stored))
+    except (KeyError, ArgsError):
+        runs = False
+    else:
+        runs = True
+    assert passed == runs
+
+
+def test_check_cron_example_messages() -> None:
+    entries = (
+        CronEntry(name="ok", schedule="@daily", kind="mail.send", args={"to": "ops"}),
+        CronEntry(name="str", schedule="@daily", kind="mail.send",
+                  args={"to": "ops", "retries": "3"}),
+        CronEntry(name="gone", schedule="@daily", kind="mail.old"),
+    )  # fmt: skip
+
+    with pytest.raises(ConfigError) as caught:
+        check_cron(with_cron(*entries), CRON_REGISTRY)
+
+    lines = str(caught.value).splitlines()
+    assert lines == [
+        f"{FILE}: cron[1] (name \"str\").args: args for kind 'mail.send' do not match "
+        f"MailArgs: Expected `int`, got `str` - at `$.retries` (handler send_mail in "
+        f"{CRON_REGISTRY['mail.send'].source})",
+        f'{FILE}: cron[2] (name "gone").kind: no handler for kind "mail.old" in the handler '
+        "directories (/srv/handlers); the kinds they define: mail.send",
+    ]
