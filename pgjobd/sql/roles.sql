@@ -30,7 +30,11 @@ GRANT EXECUTE ON FUNCTION
                             text[], integer[], text, integer[])
     TO {{schema}}_producer, {{schema}}_admin, {{schema}}_worker;
 GRANT SELECT ON {{schema}}.migration, {{schema}}.kind TO {{schema}}_producer;
-GRANT INSERT ON {{schema}}.job TO {{schema}}_producer;
+-- Only the columns the client's COPY path writes: the rest (attempt, owner, fence,
+-- lease, enqueued_at...) keep their defaults, which every member can work with.
+REVOKE INSERT ON {{schema}}.job FROM {{schema}}_producer;
+GRANT INSERT (id, state, queue, kind, priority, run_at, args, max_attempts, tenant)
+    ON {{schema}}.job TO {{schema}}_producer;
 GRANT USAGE ON SEQUENCE {{schema}}.job_id_seq TO {{schema}}_producer;
 
 GRANT SELECT ON ALL TABLES IN SCHEMA {{schema}}
