@@ -1,10 +1,12 @@
 """Leader election on a PostgreSQL advisory lock held by a dedicated session.
 
 States: candidate (no lock; tries again every ELECT_INTERVAL_S, jittered) → leader
-(lock held; a database-issued term in the `leader` table) → candidate again as soon as
-it cannot prove, every PING_INTERVAL_S within PING_TIMEOUT_S, that its session still
-holds the lock. Roles learn of every change in order through `changes`, and a change
-to "not leader" is sent before anything else happens, so roles stop first.
+(lock held; a database-issued term in the `leader` table, which fences every role
+write: see sql/leader.sql) → candidate again as soon as it cannot prove, every
+PING_INTERVAL_S within PING_TIMEOUT_S, that its session still holds the lock and its
+term is open. Roles learn of every change in order through `changes`; a change to "not
+leader" is sent before anything else happens, and the lock is freed only once the
+term's roles have stopped.
 
 The session is never from a pool: asyncpg's pool release unlocks advisory locks. Behind
 a transaction-pooling proxy, point `database.leader_dsn` straight at PostgreSQL.
@@ -13,10 +15,10 @@ a transaction-pooling proxy, point `database.leader_dsn` straight at PostgreSQL.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 import anyio
 import asyncpg
-import msgspec
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
@@ -32,15 +34,19 @@ log = logging.getLogger(__name__)
 ELECT_INTERVAL_S = 1.0
 PING_INTERVAL_S = 1.0
 PING_TIMEOUT_S = 1.0
+# How long a resigning leader waits for its roles' statements in flight to return.
+ROLES_STOP_TIMEOUT_S = 10.0
 
 
-class Leadership(msgspec.Struct, frozen=True):
-    """A change of this member's leadership. While leading, `backend_pid` is the
-    session holding the lock: role statements are fenced on it."""
+@dataclass(frozen=True)
+class Leadership:
+    """A change of this member's leadership. While leading, `term` fences every role
+    write. The role runner sets `roles_stopped` once the roles of a term that ended
+    have all returned: the elector waits for it before it frees the lock."""
 
     is_leader: bool
     term: int = 0
-    backend_pid: int = 0
+    roles_stopped: anyio.Event = field(default_factory=anyio.Event, compare=False)
 
 
 def unsigned(key: tuple[int, int]) -> tuple[int, int]:
@@ -101,26 +107,42 @@ class Elector:
                 await resigned.wait()
             resigned = anyio.Event()
         self.term = await conn.fetchval(self.q["leader_term_begin"], self.member_id)
-        pid = conn.get_server_pid()
         log.info(
             "leader for term %d", self.term,
             extra={"event": "leader.gained", "term": self.term, "member": self.member_id},
         )  # fmt: skip
-        await self.changes.send(Leadership(True, self.term, pid))
+        ended = Leadership(False, self.term)
+        await self.changes.send(Leadership(True, self.term, ended.roles_stopped))
         try:
             while True:
                 await anyio.sleep(PING_INTERVAL_S)
                 with anyio.fail_after(PING_TIMEOUT_S):
-                    holds = await conn.fetchval(self.q["leader_still_holds"], *unsigned(self.key))
+                    holds = await conn.fetchval(
+                        self.q["leader_still_holds"], *unsigned(self.key), self.term
+                    )
                 if not holds:
-                    raise asyncpg.InterfaceError("the advisory lock is no longer held")
+                    raise asyncpg.InterfaceError(
+                        "the advisory lock is no longer held, or the term was ended"
+                    )
         finally:
             with anyio.CancelScope(shield=True):
-                await self.changes.send(Leadership(False, self.term))
+                try:
+                    await self.changes.send(ended)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    ended.roles_stopped.set()  # the runner has ended, its roles first
                 log.info(
                     "no longer leader (term %d)", self.term,
                     extra={"event": "leader.lost", "term": self.term},
                 )  # fmt: skip
+                # Free the lock only once no role statement of this term is in flight.
+                with anyio.move_on_after(ROLES_STOP_TIMEOUT_S) as waited:
+                    await ended.roles_stopped.wait()
+                if waited.cancelled_caught:
+                    log.warning(
+                        "the roles of term %d did not stop within %.0f s; resigning anyway "
+                        "(their writes are fenced on the term)", self.term,
+                        ROLES_STOP_TIMEOUT_S, extra={"event": "leader.roles_slow_to_stop"},
+                    )  # fmt: skip
                 with anyio.move_on_after(2):
                     try:
                         await conn.fetchval(self.q["leader_resign"], self.term, *self.key)

@@ -16,7 +16,6 @@ import pytest
 
 from pgjobd.config import Config, DatabaseConfig
 from pgjobd.embedded import Cluster
-from pgjobd.leader import unsigned
 from pgjobd.lock_keys import LEADER, lock_key
 from pgjobd.migrate import migrate
 from pgjobd.queries import for_schema
@@ -70,17 +69,18 @@ async def schema(dsn: str, schema_name: str) -> AsyncIterator[str]:
 
 @pytest.fixture
 async def leading(dsn: str, schema: str) -> AsyncIterator[RoleContext]:
-    """A role context whose fence is a session of ours holding the leader lock: a role's
-    tick, run in the test's process, acts as the fleet's leader would."""
+    """A role context whose term was begun by a session of ours holding the leader
+    lock: a role's tick, run in the test's process, acts as the fleet's leader would."""
     session = await asyncpg.connect(dsn)
     key = lock_key(LEADER, schema)
     assert await session.fetchval("SELECT pg_try_advisory_lock($1, $2)", *key)
+    queries = for_schema(schema)
+    term = await session.fetchval(queries["leader_term_begin"], "test")
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
     try:
         yield RoleContext(
-            pool, for_schema(schema), Config(database=DatabaseConfig(schema=schema)), "test",
-            1, (*unsigned(key), session.get_server_pid()),
-        )  # fmt: skip
+            pool, queries, Config(database=DatabaseConfig(schema=schema)), "test", term
+        )
     finally:
         await pool.close()
         await session.close()

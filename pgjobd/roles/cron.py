@@ -23,7 +23,7 @@ from pgjobd import cron_schedule
 from pgjobd.config import Config
 from pgjobd.cron_schedule import CatchUp, Due, ScheduleError
 from pgjobd.queries import Queries
-from pgjobd.roles import RoleContext
+from pgjobd.roles import RoleContext, fenced
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class CronTicker:
         term changed), read the schedules with the database's now, and work out what
         each one owes. Tests call it and `fire` apart to interleave two leaders."""
         now_param = self._now()
-        synced = (ctx.fence, ctx.term, ctx.config.cron)
+        synced = (ctx.term, ctx.config.cron)
         if synced != self._synced and await self._sync(conn, ctx, now_param):
             self._synced = synced
         rows = await conn.fetch(ctx.queries["cron_due"], now_param)
@@ -109,11 +109,12 @@ class CronTicker:
         name: str = row["name"]
         assert due.last_slot is not None
         try:
-            fired = await conn.fetchrow(
-                ctx.queries["cron_fire"], *ctx.fence, name, row["last_slot"],
-                row["updated_at"], row["schedule"], row["timezone"], due.last_slot,
-                due.slots, [cron_schedule.slot_key(name, slot) for slot in due.slots],
-            )  # fmt: skip
+            async with fenced(conn, ctx):
+                fired = await conn.fetchrow(
+                    ctx.queries["cron_fire"], ctx.term, name, row["last_slot"],
+                    row["updated_at"], row["schedule"], row["timezone"], due.last_slot,
+                    due.slots, [cron_schedule.slot_key(name, slot) for slot in due.slots],
+                )  # fmt: skip
         except asyncpg.PostgresError as error:
             if not _is_rejected_job(error):
                 raise
@@ -137,13 +138,14 @@ class CronTicker:
 
     async def _sync(self, conn: asyncpg.Connection, ctx: RoleContext, now: datetime | None) -> bool:
         entries = ctx.config.cron
-        row = await conn.fetchrow(
-            ctx.queries["cron_sync"], *ctx.fence,
-            [e.name for e in entries], [e.schedule for e in entries],
-            [e.timezone for e in entries], [e.kind for e in entries],
-            [msgspec.json.encode(e.args).decode() for e in entries],
-            [e.queue for e in entries], [e.catch_up for e in entries], now,
-        )  # fmt: skip
+        async with fenced(conn, ctx):
+            row = await conn.fetchrow(
+                ctx.queries["cron_sync"], ctx.term,
+                [e.name for e in entries], [e.schedule for e in entries],
+                [e.timezone for e in entries], [e.kind for e in entries],
+                [msgspec.json.encode(e.args).decode() for e in entries],
+                [e.queue for e in entries], [e.catch_up for e in entries], now,
+            )  # fmt: skip
         assert row is not None
         if not row["fence_holds"]:
             log.warning(

@@ -1,4 +1,8 @@
-"""The reaper: takes back jobs whose lease expired, and forgets long-gone members."""
+"""The reaper: takes back jobs whose lease expired, and forgets long-gone members.
+
+It reaps nothing until its term has lasted one lease (see job_reap_expired): after an
+outage, every member first gets a lease's worth of database time to record what it
+finished meanwhile and to renew its leases."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from typing import ClassVar
 
 from pgjobd import metrics
 from pgjobd.config import DEFAULT_QUEUE, Config
-from pgjobd.roles import RoleContext
+from pgjobd.roles import RoleContext, fenced
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +36,15 @@ class Reaper:
 
     async def tick(self, ctx: RoleContext) -> None:
         queues = ctx.config.queues
+        lease = ctx.config.daemon.lease
         async with ctx.pool.acquire() as conn:
             while True:
-                row = await conn.fetchrow(
-                    ctx.queries["job_reap_expired"], *ctx.fence, BATCH, list(queues),
-                    [q.max_crashes for q in queues.values()],
-                    queues[DEFAULT_QUEUE].max_crashes,
-                )  # fmt: skip
+                async with fenced(conn, ctx):
+                    row = await conn.fetchrow(
+                        ctx.queries["job_reap_expired"], ctx.term, lease, BATCH, list(queues),
+                        [q.max_crashes for q in queues.values()],
+                        queues[DEFAULT_QUEUE].max_crashes,
+                    )  # fmt: skip
                 metrics.LEASES_EXPIRED.labels("rescued").inc(row["rescued"])
                 metrics.LEASES_EXPIRED.labels("dead").inc(row["died"])
                 if row["rescued"] or row["died"]:
@@ -50,8 +56,11 @@ class Reaper:
                     )  # fmt: skip
                 if row["rescued"] + row["died"] < BATCH:
                     break
-            gone = await conn.fetch(ctx.queries["member_forget_gone"], *ctx.fence, MEMBER_SILENCE)
-            self._next_expiry_s = await conn.fetchval(ctx.queries["job_next_lease_expiry"])
+            async with fenced(conn, ctx):
+                gone = await conn.fetch(ctx.queries["member_forget_gone"], ctx.term, MEMBER_SILENCE)
+            self._next_expiry_s = await conn.fetchval(
+                ctx.queries["job_next_lease_expiry"], ctx.term, lease
+            )
         if gone:
             log.info(
                 "forgot %d members silent for %s", len(gone), MEMBER_SILENCE,

@@ -27,10 +27,11 @@ next, a DAY when the rebuild did not bring it under the threshold) and the failu
 backoff (doubling from FAILURE_BACKOFF to FAILURE_BACKOFF_MAX). A new leader starts
 without them, which costs at most one extra rebuild of an index that needs one anyway.
 
-REINDEX CONCURRENTLY cannot run in a transaction block nor carry the fence: the leader's
-lock is checked just before each DDL statement. If leadership is lost mid-rebuild the
-runner cancels the tick and asyncpg cancels the statement on the server; the invalid
-copy it leaves is what the next leader's first tick drops.
+REINDEX CONCURRENTLY cannot run in a transaction block, so it cannot be fenced like the
+other roles' writes: the leader's term is checked just before each DDL statement. If
+leadership is lost mid-rebuild the runner cancels the tick and asyncpg cancels the
+statement on the server; the invalid copy it leaves is what the next leader's first
+tick drops.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import anyio
 import asyncpg
 
 from pgjobd.config import Config
-from pgjobd.roles import RoleContext
+from pgjobd.roles import RoleContext, term_open
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +65,6 @@ BTREE_PAGE_OVERHEAD = 24 + 16  # page header + B-tree special space
 BTREE_LEAF_FILL = 0.90  # the default leaf fillfactor
 INDEX_TUPLE_HEADER = 8
 LINE_POINTER = 4
-
-
-class NotLeader(RuntimeError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -208,6 +205,8 @@ class Reindexer:
 
     @staticmethod
     async def _check_fence(conn: asyncpg.Connection, ctx: RoleContext) -> None:
-        # DDL cannot carry the fence in its own statement: check it just before.
-        if not await conn.fetchval(ctx.queries["leader_fence_holds"], *ctx.fence):
-            raise NotLeader(f"no longer leader (term {ctx.term}): not touching indexes")
+        # REINDEX/DROP INDEX CONCURRENTLY cannot run in a transaction: the term is
+        # checked just before. A deposed leader's rebuild overlapping the next one's is
+        # harmless: both lock the table against each other (SHARE UPDATE EXCLUSIVE),
+        # and the next leader leaves an index alone while another session builds one.
+        await term_open(conn, ctx)

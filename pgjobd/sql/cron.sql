@@ -1,8 +1,8 @@
 -- The cron ticker's statements. "{{schema}}" is the configured schema.
 --
--- Fenced like leader.sql's role statements: $1, $2 are the leader lock key (unsigned
--- ints) and $3 the leader session's backend pid; a statement changes something only
--- while that session holds the lock, checked in the same statement.
+-- Fenced like leader.sql's role statements: $1 is the leader's term; a statement
+-- changes something only while the term is open, and the ticker runs each in a
+-- transaction that commits only if the term still holds then (leader_term_holds).
 --
 -- The clock is the database's: every statement that needs "now" takes it as
 -- coalesce($n::timestamptz, now()), where $n is NULL except in tests.
@@ -21,18 +21,16 @@
 -- deletes 'config' rows no longer in the file. An 'api' row whose name the file uses is
 -- taken over by the file. `enabled` of existing rows is left alone (an admin's pause
 -- survives restarts). Returns whether the fence held and what changed.
--- $1, $2 lock key (unsigned), $3 leader backend pid, $4 names, $5 schedules,
--- $6 time zones, $7 kinds, $8 args (jsonb[]), $9 queues (NULL elements: the kind's),
--- $10 catch-up policies, $11 now override (NULL: now())
+-- $1 term, $2 names, $3 schedules, $4 time zones, $5 kinds, $6 args (jsonb[]),
+-- $7 queues (NULL elements: the kind's), $8 catch-up policies, $9 now override
+-- (NULL: now())
 WITH fence AS (
-    SELECT EXISTS (SELECT FROM pg_locks AS l
-                   WHERE l.locktype = 'advisory' AND l.classid::bigint = $1
-                     AND l.objid::bigint = $2 AND l.objsubid = 2 AND l.pid = $3
-                     AND l.granted) AS holds
+    SELECT EXISTS (SELECT FROM {{schema}}.leader AS t
+                   WHERE t.term = $1 AND t.resigned_at IS NULL) AS holds
 ), entry AS (
     SELECT e.*
-    FROM unnest($4::text[], $5::text[], $6::text[], $7::text[], $8::jsonb[], $9::text[],
-                $10::text[]) AS e(name, schedule, timezone, kind, args, queue, catch_up)
+    FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[], $7::text[],
+                $8::text[]) AS e(name, schedule, timezone, kind, args, queue, catch_up)
     WHERE (SELECT holds FROM fence)
 ), taken_over AS (
     SELECT c.name FROM {{schema}}.cron AS c JOIN entry AS e USING (name)
@@ -41,7 +39,7 @@ WITH fence AS (
     INSERT INTO {{schema}}.cron AS c (name, schedule, timezone, kind, args, queue, catch_up,
                                       source, enabled, last_slot, created_at, updated_at)
     SELECT e.name, e.schedule, e.timezone, e.kind, e.args, e.queue, e.catch_up, 'config',
-           true, NULL, coalesce($11::timestamptz, now()), coalesce($11::timestamptz, now())
+           true, NULL, coalesce($9::timestamptz, now()), coalesce($9::timestamptz, now())
     FROM entry AS e
     ON CONFLICT (name) DO UPDATE
     SET schedule = excluded.schedule, timezone = excluded.timezone, kind = excluded.kind,
@@ -56,7 +54,7 @@ WITH fence AS (
     RETURNING c.name, c.xmax = 0 AS inserted
 ), removed AS (
     DELETE FROM {{schema}}.cron AS c
-    WHERE c.source = 'config' AND c.name <> ALL ($4::text[])
+    WHERE c.source = 'config' AND c.name <> ALL ($2::text[])
       AND (SELECT holds FROM fence)
     RETURNING c.name
 )
@@ -86,24 +84,23 @@ ORDER BY c.name;
 -- slot again for the same reason. A schedule edited since it was read (updated_at,
 -- schedule, time zone) does not match either: the next tick reads it afresh.
 -- Without a queue the kind's declared queue applies (enqueue does that).
--- $1, $2 lock key (unsigned), $3 leader backend pid, $4 name, $5 last_slot as read
--- (NULL: it was NULL), $6 updated_at as read, $7 schedule as read, $8 time zone as read,
--- $9 new last_slot, $10 slots to fire (timestamptz[], oldest first), $11 their unique keys
+-- $1 term, $2 name, $3 last_slot as read (NULL: it was NULL), $4 updated_at as read,
+-- $5 schedule as read, $6 time zone as read, $7 new last_slot, $8 slots to fire
+-- (timestamptz[], oldest first), $9 their unique keys
 WITH advanced AS (
-    UPDATE {{schema}}.cron AS c SET last_slot = $9
-    WHERE c.name = $4 AND c.enabled
-      AND c.last_slot IS NOT DISTINCT FROM $5::timestamptz AND c.updated_at = $6
-      AND c.schedule = $7 AND c.timezone = $8
-      AND EXISTS (SELECT FROM pg_locks AS l
-                  WHERE l.locktype = 'advisory' AND l.classid::bigint = $1
-                    AND l.objid::bigint = $2 AND l.objsubid = 2 AND l.pid = $3 AND l.granted)
+    UPDATE {{schema}}.cron AS c SET last_slot = $7
+    WHERE c.name = $2 AND c.enabled
+      AND c.last_slot IS NOT DISTINCT FROM $3::timestamptz AND c.updated_at = $4
+      AND c.schedule = $5 AND c.timezone = $6
+      AND EXISTS (SELECT FROM {{schema}}.leader AS t
+                  WHERE t.term = $1 AND t.resigned_at IS NULL)
     RETURNING c.kind, c.args, c.queue
 )
 SELECT EXISTS (SELECT FROM advanced) AS advanced,
        ARRAY(SELECT {{schema}}.enqueue(a.kind, a.args, queue => a.queue, run_at => s.slot,
                                        unique_key => s.unique_key)
              FROM advanced AS a
-             CROSS JOIN unnest($10::timestamptz[], $11::text[]) WITH ORDINALITY
+             CROSS JOIN unnest($8::timestamptz[], $9::text[]) WITH ORDINALITY
                  AS s(slot, unique_key, ord)
              ORDER BY s.ord) AS job_ids;
 

@@ -1,57 +1,101 @@
 -- Leadership and the leader's roles. "{{schema}}" is the configured schema.
 --
--- The leader is the member whose dedicated session holds the schema's advisory lock.
--- Every role statement is fenced: it changes something only while the session the
--- leader believes it holds ($k1, $k2: the lock key as unsigned ints, $pid: that
--- session's backend) still holds the lock, checked in the same statement. A deposed
--- leader's statements change nothing.
+-- The leader is the member whose dedicated session holds the schema's advisory lock,
+-- and each time a member wins that lock it begins a term: a row in `leader`, numbered
+-- by the database. The term row is the fence. A new term first ends every earlier one
+-- (sets its resigned_at: resigned by its leader, or deposed by the next), and every
+-- role write runs in a transaction that, as its last statement before COMMIT, takes
+-- the role's term row FOR SHARE where it is still open (`leader_term_holds`): no row,
+-- and the transaction rolls back. So a deposed leader's write, even one that waited on
+-- a lock while the next leader was elected, never commits after the next term began:
+-- either it took the share lock first, and the next term's begin waits for its COMMIT,
+-- or the next term began first, and it finds its term ended. Backend pids play no part
+-- (a new backend may reuse an old leader's pid). The statements below also check the
+-- term themselves, which saves a deposed leader useless work.
 
 -- name: leader_try_lock
 -- $1, $2 the lock key (signed ints)
 SELECT pg_try_advisory_lock($1, $2);
 
 -- name: leader_still_holds
--- On the leader's own session: does it still hold the lock?
--- $1, $2 the lock key (unsigned)
+-- On the leader's own session: does it still hold the lock, and is its term still
+-- open?
+-- $1, $2 the lock key (unsigned), $3 term
 SELECT EXISTS (
     SELECT FROM pg_locks AS l
     WHERE l.locktype = 'advisory' AND l.classid::bigint = $1 AND l.objid::bigint = $2
       AND l.objsubid = 2 AND l.pid = pg_backend_pid() AND l.granted
+) AND EXISTS (
+    SELECT FROM {{schema}}.leader AS t WHERE t.term = $3 AND t.resigned_at IS NULL
 );
 
 -- name: leader_term_begin
--- A new term, issued by the database. On the leader's session.
+-- A new term, issued by the database, on the session that has just won the lock. It
+-- first ends every earlier term still open, waiting for the role transactions that
+-- hold one FOR SHARE (leader_term_holds) to commit: once this returns, no write of an
+-- earlier term can commit any more.
 -- $1 member id
-INSERT INTO {{schema}}.leader (member, backend_pid) VALUES ($1, pg_backend_pid())
+WITH deposed AS (
+    UPDATE {{schema}}.leader SET resigned_at = now() WHERE resigned_at IS NULL
+    RETURNING term
+)
+INSERT INTO {{schema}}.leader (member, backend_pid)
+SELECT $1, pg_backend_pid()
+FROM (SELECT count(*) FROM deposed) AS d
 RETURNING term;
 
+-- name: leader_term_holds
+-- The fence of a role write: the last statement of its transaction, before COMMIT.
+-- Locks the term's row against being ended until the transaction commits; NULL when
+-- the term has ended (the caller rolls back).
+-- $1 term
+SELECT t.term FROM {{schema}}.leader AS t
+WHERE t.term = $1 AND t.resigned_at IS NULL
+FOR SHARE;
+
+-- name: leader_term_open
+-- For role steps that cannot run in a transaction (DDL ... CONCURRENTLY): is the term
+-- still open? Checked just before each such statement; those steps are harmless when
+-- a deposed leader's one overlaps the next leader's (see the roles).
+-- $1 term
+SELECT EXISTS (SELECT FROM {{schema}}.leader AS t WHERE t.term = $1 AND t.resigned_at IS NULL);
+
 -- name: leader_resign
--- Frees the lock and tells the candidates at once (they LISTEN on <schema>.leader).
+-- Ends the term (waiting for any role transaction that holds it FOR SHARE), frees the
+-- lock and tells the candidates at once (they LISTEN on <schema>.leader).
 -- $1 term, $2, $3 the lock key (signed ints)
 WITH resigned AS (
     UPDATE {{schema}}.leader SET resigned_at = now() WHERE term = $1 AND resigned_at IS NULL
+    RETURNING term
 )
-SELECT pg_advisory_unlock($2, $3), pg_notify('{{schema}}.leader', 'resigned');
+SELECT (SELECT count(*) FROM resigned), pg_advisory_unlock($2, $3),
+       pg_notify('{{schema}}.leader', 'resigned');
 
 -- name: job_reap_expired
 -- Takes back running jobs whose lease expired (their member died, hung, or lost the
 -- database): available again at once, or dead when the attempt was their last or the
--- lease loss is their max_crashes-th, or cancelled if an admin asked for it. Guarded by the row lock and the state: a
--- completion that got there first wins and this changes nothing for that job.
--- $1, $2 lock key (unsigned), $3 leader backend pid, $4 limit, $5 queue names,
--- $6 their max_crashes, $7 max_crashes for other queues
+-- lease loss is their max_crashes-th, or cancelled if an admin asked for it. Guarded by
+-- the row lock and the state: a completion that got there first wins and this changes
+-- nothing for that job.
+-- Nothing is reaped before the term has lasted one lease: a new term follows every
+-- outage of the leader's session (and so every database outage), and this gives each
+-- member a full lease of database time to record outcomes it held through the outage
+-- and to renew its leases before anything of its is judged lost. A crashed leader's
+-- jobs are still back within its lease + the election (about a second) + a tick.
+-- $1 term, $2 lease (interval), $3 limit, $4 queue names, $5 their max_crashes,
+-- $6 max_crashes for other queues
 WITH expired AS (
     SELECT j.id, j.owner AS lost_by, j.cancel_requested AS cancelled,
            j.attempt >= j.max_attempts AS spent,
-           j.crashes + 1 >= coalesce(qc.max_crashes, $7) AS poisoned
+           j.crashes + 1 >= coalesce(qc.max_crashes, $6) AS poisoned
     FROM {{schema}}.job AS j
-    LEFT JOIN unnest($5::text[], $6::integer[]) AS qc(name, max_crashes) ON qc.name = j.queue
+    LEFT JOIN unnest($4::text[], $5::integer[]) AS qc(name, max_crashes) ON qc.name = j.queue
     WHERE j.state = 'running' AND j.lease_expires_at < now()
-      AND EXISTS (SELECT FROM pg_locks AS l
-                  WHERE l.locktype = 'advisory' AND l.classid::bigint = $1
-                    AND l.objid::bigint = $2 AND l.objsubid = 2 AND l.pid = $3 AND l.granted)
+      AND EXISTS (SELECT FROM {{schema}}.leader AS t
+                  WHERE t.term = $1 AND t.resigned_at IS NULL
+                    AND t.elected_at + $2::interval <= now())
     ORDER BY j.lease_expires_at
-    LIMIT $4
+    LIMIT $3
     FOR UPDATE OF j SKIP LOCKED
 ), rescued AS (
     UPDATE {{schema}}.job AS j
@@ -97,21 +141,11 @@ SELECT (SELECT count(*) FROM rescued) AS rescued, (SELECT count(*) FROM died) AS
 
 -- name: member_forget_gone
 -- Removes member rows whose heartbeat stopped long ago.
--- $1, $2 lock key (unsigned), $3 leader backend pid, $4 silence (interval)
+-- $1 term, $2 silence (interval)
 DELETE FROM {{schema}}.member AS m
-WHERE m.heartbeat_at < now() - $4::interval
-  AND EXISTS (SELECT FROM pg_locks AS l
-              WHERE l.locktype = 'advisory' AND l.classid::bigint = $1
-                AND l.objid::bigint = $2 AND l.objsubid = 2 AND l.pid = $3 AND l.granted)
+WHERE m.heartbeat_at < now() - $2::interval
+  AND EXISTS (SELECT FROM {{schema}}.leader AS t WHERE t.term = $1 AND t.resigned_at IS NULL)
 RETURNING m.id;
-
--- name: leader_fence_holds
--- For role steps that cannot carry the fence themselves (DDL): is the leader's
--- session still holding the lock?
--- $1, $2 lock key (unsigned), $3 leader backend pid
-SELECT EXISTS (SELECT FROM pg_locks AS l
-               WHERE l.locktype = 'advisory' AND l.classid::bigint = $1
-                 AND l.objid::bigint = $2 AND l.objsubid = 2 AND l.pid = $3 AND l.granted);
 
 -- name: partition_list
 -- The partitions of $1, and whether a concurrent detach of one was left unfinished.
@@ -123,10 +157,16 @@ WHERE i.inhparent = $1::regclass
 ORDER BY c.relname;
 
 -- name: job_next_lease_expiry
--- Seconds until the earliest lease of a running job expires (NULL: nothing running).
-SELECT extract(epoch FROM min(j.lease_expires_at) - now())::float8
+-- Seconds until the reaper has something to do: the earliest lease of a running job
+-- expires, and the term has lasted one lease (NULL: nothing running).
+-- $1 term, $2 lease (interval)
+SELECT extract(epoch FROM greatest(
+           min(j.lease_expires_at),
+           (SELECT t.elected_at + $2::interval FROM {{schema}}.leader AS t WHERE t.term = $1)
+       ) - now())::float8
 FROM {{schema}}.job AS j
-WHERE j.state = 'running';
+WHERE j.state = 'running'
+HAVING count(*) > 0;
 
 -- name: queue_stats
 -- For the leader's metrics: per queue, live jobs by state, the oldest available job's

@@ -1,7 +1,8 @@
 -- The leader's maintenance of the hot table: the reindexer and the horizon watchdog.
 -- "{{schema}}" is the configured schema. The reindexer's DDL (REINDEX/DROP INDEX
--- CONCURRENTLY) cannot carry the fence or run in a transaction block: it checks
--- `leader_fence_holds` (leader.sql) just before each statement. Everything here is a
+-- CONCURRENTLY) cannot run in a transaction block, so it cannot be fenced by
+-- `leader_term_holds`: it checks `leader_term_open` (leader.sql) just before each
+-- statement. Everything here is a
 -- read of the catalogs and statistics views.
 
 -- name: index_build_in_progress

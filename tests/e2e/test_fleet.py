@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
 
 import anyio
@@ -110,23 +111,23 @@ async def test_a_terminated_leader_session_stops_its_roles_and_its_writes_land_n
         f"leader for term {new['term']}"
     )  # the old term's roles stopped before the new term's started
 
-    # A role statement fenced on the deposed term's session changes nothing.
+    # A role statement of the deposed term changes nothing; the new term's does.
     job_id = await conn.fetchval(f"SELECT {schema}.enqueue('echo', queue => 'nobody')")
     await conn.execute(
         f"UPDATE {schema}.job SET state = 'running', owner = 'gone', fence = 1, "
         "attempt = 1, lease_expires_at = now() - interval '1 minute' WHERE id = $1",
         job_id,
     )
-    k1, k2 = unsigned(lock_key(LEADER, schema))
     reap = for_schema(schema)["job_reap_expired"]
+    no_wait = timedelta(0)  # as if each term had lasted its first lease
     async with conn.transaction():
         # Hold the row, so the live leader's reaper (SKIP LOCKED) leaves it to us.
         await conn.execute(f"SELECT FROM {schema}.job WHERE id = $1 FOR UPDATE", job_id)
-        deposed = await conn.fetchrow(reap, k1, k2, old["backend_pid"], 10, [], [], 3)
+        deposed = await conn.fetchrow(reap, old["term"], no_wait, 10, [], [], 3)
         assert (deposed["rescued"], deposed["died"]) == (0, 0)
         state = await conn.fetchval(f"SELECT state FROM {schema}.job WHERE id = $1", job_id)
         assert state == "running"
-    current = await conn.fetchrow(reap, k1, k2, new["backend_pid"], 10, [], [], 3)
+    current = await conn.fetchrow(reap, new["term"], no_wait, 10, [], [], 3)
     assert (
         current["rescued"] == 1
         or await conn.fetchval(f"SELECT state FROM {schema}.job WHERE id = $1", job_id)

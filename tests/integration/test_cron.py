@@ -15,10 +15,8 @@ import msgspec
 import pytest
 
 from pgjobd.config import Config, CronEntry, DatabaseConfig
-from pgjobd.leader import unsigned
-from pgjobd.lock_keys import LEADER, lock_key
 from pgjobd.queries import for_schema
-from pgjobd.roles import RoleContext
+from pgjobd.roles import Deposed, RoleContext
 from pgjobd.roles.cron import CronTicker, trigger
 
 pytestmark = pytest.mark.anyio
@@ -49,23 +47,27 @@ Contexts = Callable[..., RoleContext]
 
 @pytest.fixture
 async def contexts(dsn: str, schema: str) -> AsyncIterator[Contexts]:
-    """Makes role contexts for a config; their fence is a session of ours holding the
-    leader lock (pass pid=1 for a deposed leader's)."""
-    session = await asyncpg.connect(dsn)
-    key = lock_key(LEADER, schema)
-    assert await session.fetchval("SELECT pg_try_advisory_lock($1, $2)", *key)
+    """Makes role contexts for a config. Terms 1 and 2 are both open, by fiat (two
+    overlapping leaders); pass deposed=True for a term that has ended."""
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=4)
+    open_terms = await pool.fetch(
+        f"INSERT INTO {schema}.leader (member, backend_pid) VALUES ('one', 0), ('two', 0) "
+        "RETURNING term"
+    )
+    assert [r["term"] for r in open_terms] == [1, 2]
+    ended = await pool.fetchval(
+        f"INSERT INTO {schema}.leader (member, backend_pid, resigned_at) "
+        "VALUES ('gone', 0, now()) RETURNING term"
+    )
 
-    def make(*cron: CronEntry, term: int = 1, pid: int | None = None) -> RoleContext:
+    def make(*cron: CronEntry, term: int = 1, deposed: bool = False) -> RoleContext:
         config = Config(database=DatabaseConfig(schema=schema), cron=cron)
-        fence = (*unsigned(key), session.get_server_pid() if pid is None else pid)
-        return RoleContext(pool, for_schema(schema), config, "test", term, fence)
+        return RoleContext(pool, for_schema(schema), config, "test", ended if deposed else term)
 
     try:
         yield make
     finally:
         await pool.close()
-        await session.close()
 
 
 async def jobs(conn: asyncpg.Connection, schema: str) -> list[asyncpg.Record]:
@@ -226,9 +228,10 @@ async def test_a_deposed_leader_fires_and_syncs_nothing(
     leader = contexts(entry("a", "* * * * *"))
     await CronTicker(now_override=clock).tick(leader)
     clock.advance(minutes=1)
-    deposed = contexts(entry("a", "* * * * *"), entry("new", "* * * * *"), pid=1)
+    deposed = contexts(entry("a", "* * * * *"), entry("new", "* * * * *"), deposed=True)
 
-    await CronTicker(now_override=clock).tick(deposed)
+    with pytest.raises(Deposed):
+        await CronTicker(now_override=clock).tick(deposed)
 
     assert await jobs(conn, schema) == []
     assert await cron_row(conn, schema, "new") is None

@@ -3,6 +3,7 @@ year boundaries, fenced on the leader's lock, finishing an interrupted detach.""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import date, timedelta
 
 import asyncpg
@@ -11,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pgjobd.queries import for_schema
-from pgjobd.roles import RoleContext
+from pgjobd.roles import Deposed, RoleContext
 from pgjobd.roles.partitions import PartitionRotator, expired_days, partition_day
 
 pytestmark = pytest.mark.anyio
@@ -121,12 +122,9 @@ async def test_a_member_that_is_not_leader_detaches_nothing(
 ) -> None:
     today: date = await conn.fetchval("SELECT (now() AT TIME ZONE 'UTC')::date")
     name = await _add_day(conn, schema, "job_history", today - timedelta(days=40))
-    k1, k2, _ = leading.fence
-    deposed = RoleContext(
-        leading.pool, leading.queries, leading.config, "test", 0, (k1, k2, 1)
-    )  # a backend pid that holds nothing
+    deposed = dataclasses.replace(leading, term=leading.term + 1)  # a term not begun
 
-    with pytest.raises(RuntimeError, match="no longer leader"):
+    with pytest.raises(Deposed, match="no longer leader"):
         await PartitionRotator().tick(deposed)
 
     assert name in await _partitions(conn, schema, "job_history")

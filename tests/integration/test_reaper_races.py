@@ -12,7 +12,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pgjobd.leader import unsigned
 from pgjobd.lock_keys import LEADER, lock_key
 from pgjobd.queries import Queries, for_schema
 
@@ -22,8 +21,8 @@ STEPS = ["complete_a", "fail_a", "expire_and_reap", "claim_b", "complete_b", "re
 
 
 class World:
-    def __init__(self, conn: asyncpg.Connection, q: Queries, fence: tuple[int, int, int]):
-        self.conn, self.q, self.leader_fence = conn, q, fence
+    def __init__(self, conn: asyncpg.Connection, q: Queries, term: int):
+        self.conn, self.q, self.term = conn, q, term
 
     async def claim(self, member: str) -> int | None:
         rows = await self.conn.fetch(self.q["job_claim"], "races", 1, member, LEASE)
@@ -51,8 +50,9 @@ class World:
                 "WHERE id = $1 AND state = 'running'",
                 job_id,
             )
+        # lease 0: the term has lasted long enough to reap
         row = await self.conn.fetchrow(
-            self.q["job_reap_expired"], *self.leader_fence, 10, [], [], 100
+            self.q["job_reap_expired"], self.term, timedelta(0), 10, [], [], 100
         )
         return int(row["rescued"] + row["died"])
 
@@ -62,8 +62,9 @@ async def world(dsn: str, conn: asyncpg.Connection, schema: str) -> AsyncIterato
     session = await asyncpg.connect(dsn)
     key = lock_key(LEADER, schema)
     assert await session.fetchval("SELECT pg_try_advisory_lock($1, $2)", *key)
+    q = for_schema(schema)
     try:
-        yield World(conn, for_schema(schema), (*unsigned(key), session.get_server_pid()))
+        yield World(conn, q, await session.fetchval(q["leader_term_begin"], "test"))
     finally:
         await session.close()
 

@@ -3,17 +3,18 @@ index of the hot table, and does nothing unless it leads."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import anyio
 import asyncpg
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pgjobd.roles import RoleContext
+from pgjobd.roles import Deposed, RoleContext
 from pgjobd.roles.reindexer import (
     BLOAT_FACTOR,
     IndexSize,
-    NotLeader,
     Reindexer,
     expected_index_bytes,
     rebuild_reason,
@@ -51,8 +52,7 @@ def test_rebuild_decisions() -> None:
 
 
 def _deposed(leading: RoleContext) -> RoleContext:
-    k1, k2, _ = leading.fence
-    return RoleContext(leading.pool, leading.queries, leading.config, "test", 0, (k1, k2, 1))
+    return dataclasses.replace(leading, term=leading.term + 1)  # a term not begun
 
 
 async def _indexes(conn: asyncpg.Connection, schema: str) -> dict[str, bool]:
@@ -146,7 +146,7 @@ async def test_a_member_that_is_not_leader_touches_no_index(
     before = await _size(conn, schema, "job_claim_idx")
 
     reindexer = Reindexer()
-    with pytest.raises(NotLeader, match="no longer leader"):
+    with pytest.raises(Deposed, match="no longer leader"):
         await reindexer.tick(_deposed(leading))
 
     assert (await _indexes(conn, schema)).get("job_claim_idx_ccnew") is False
