@@ -20,12 +20,22 @@ expectation larger, so it errs towards leaving an index alone. An index with no
 measurement yet (reltuples -1) is left alone; an invalid index that is not a leftover
 is rebuilt whatever its size (the planner cannot use it).
 
+The entry count is as old as the table's last vacuum or analyze, the size is now: right
+after a burst, or after a restart (a crash also resets the statistics that trigger
+autovacuum), an index holding a legitimate backlog looks bloated against a count taken
+before the backlog came. So an index is rebuilt only when it looked bloated on two
+ticks with a vacuum or analyze of the table in between (`measured_at` later than the
+first sighting): the count it is judged against is then newer than the suspicion. An
+index that still looks bloated right after its rebuild (judged on the rebuild's own
+fresh count) is one the estimate misjudges: it waits REBUILD_COOLDOWN like any rebuilt
+index, not longer.
+
 No blind schedule: each tick (every INTERVAL_S) re-measures, so the trigger is the
 index's state in the database, not a timer that a restart would reset; in memory are
-only the guards against thrashing (a rebuilt index waits REBUILD_COOLDOWN before the
-next, a DAY when the rebuild did not bring it under the threshold) and the failure
-backoff (doubling from FAILURE_BACKOFF to FAILURE_BACKOFF_MAX). A new leader starts
-without them, which costs at most one extra rebuild of an index that needs one anyway.
+only the sightings, the guards against thrashing (a rebuilt index waits
+REBUILD_COOLDOWN before the next) and the failure backoff (doubling from
+FAILURE_BACKOFF to FAILURE_BACKOFF_MAX). A new leader starts without them, which
+delays a needed rebuild by a tick or two.
 
 REINDEX CONCURRENTLY cannot run in a transaction block, so it cannot be fenced like the
 other roles' writes: the leader's term is checked just before each DDL statement. If
@@ -40,7 +50,8 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from datetime import datetime
 from typing import ClassVar
 
 import anyio
@@ -55,9 +66,8 @@ INTERVAL_S = 600.0
 BLOAT_FACTOR = 3.0
 MIN_WASTE_BYTES = 1024 * 1024
 REBUILD_COOLDOWN_S = 3600.0
-DAY_S = 86_400.0
 FAILURE_BACKOFF_S = 600.0
-FAILURE_BACKOFF_MAX_S = DAY_S
+FAILURE_BACKOFF_MAX_S = 4 * 3600.0
 # A rebuild waits for every transaction older than it; don't let one wait for ever.
 REINDEX_TIMEOUT_MS = 30 * 60 * 1000
 
@@ -76,6 +86,8 @@ class IndexSize:
     entries: float  # reltuples; -1 when never measured
     block_size: int
     key_width: int | None  # None for an expression index
+    measured_at: datetime | None = None  # the table's last vacuum or analyze
+    at: datetime | None = None  # when this was read (the database's clock)
 
 
 def expected_index_bytes(entries: float, key_width: int, block_size: int = 8192) -> int:
@@ -108,6 +120,7 @@ class Reindexer:
 
     def __init__(self) -> None:
         self.not_before: dict[str, float] = {}  # index -> monotonic time
+        self.suspected: dict[str, datetime] = {}  # index -> when first seen bloated
         self.failures: dict[str, int] = {}
         self.rebuilt = 0
         self.dropped = 0
@@ -126,12 +139,33 @@ class Reindexer:
                 )  # fmt: skip
                 return
             await self._drop_leftovers(conn, ctx, table)
-            for row in await conn.fetch(ctx.queries["index_size_list"], table):
+            for row in await conn.fetch(ctx.queries["index_size_list"], table, None):
                 index = IndexSize(**dict(row))
-                reason = rebuild_reason(index)
+                reason = self._confirmed(index)
                 if reason is None or time.monotonic() < self.not_before.get(index.name, 0.0):
                     continue
                 await self._rebuild(conn, ctx, table, index, reason)
+
+    def _confirmed(self, index: IndexSize) -> str | None:
+        """Why `index` should be rebuilt now: invalid, or bloated now and at an earlier
+        tick, with its entries counted again since then. Else None (and remembered)."""
+        reason = rebuild_reason(index)
+        if reason is None or reason == "invalid":
+            self.suspected.pop(index.name, None)
+            return reason
+        since = self.suspected.get(index.name)
+        if since is None:
+            if index.at is not None:
+                self.suspected[index.name] = index.at
+            log.info(
+                "index %s looks %s; rebuilt only if it still does after the next vacuum "
+                "or analyze of its table", index.qualified, reason,
+                extra={"event": "reindexer.suspected", "index": index.name},
+            )  # fmt: skip
+            return None
+        if index.measured_at is None or index.measured_at <= since:
+            return None  # its entry count is no newer than the first sighting
+        return reason
 
     async def _rebuild(
         self, conn: asyncpg.Connection, ctx: RoleContext, table: str, index: IndexSize, why: str
@@ -174,20 +208,23 @@ class Reindexer:
         await conn.execute("RESET statement_timeout")
         self.rebuilt += 1
         self.failures.pop(index.name, None)
-        after: int = await conn.fetchval(ctx.queries["index_size"], index.qualified)
-        still = rebuild_reason(replace(index, bytes=after))  # same entry count
-        cooldown_s = DAY_S if still else REBUILD_COOLDOWN_S
-        self.not_before[index.name] = time.monotonic() + cooldown_s
+        self.suspected.pop(index.name, None)
+        self.not_before[index.name] = time.monotonic() + REBUILD_COOLDOWN_S
+        # The build counted the entries it indexed (reltuples): judge on that count.
+        rows = await conn.fetch(ctx.queries["index_size_list"], table, index.name)
+        after = IndexSize(**dict(rows[0])) if rows else None
         log.info(
-            "rebuilt index %s in %.1f s: %d -> %d bytes", index.qualified,
-            time.monotonic() - started, index.bytes, after,
+            "rebuilt index %s in %.1f s: %d -> %s bytes", index.qualified,
+            time.monotonic() - started, index.bytes, after.bytes if after else "?",
             extra={"event": "reindexer.rebuilt", "index": index.name, "bytes_before":
-                   index.bytes, "bytes_after": after, "term": ctx.term},
+                   index.bytes, "bytes_after": after.bytes if after else None,
+                   "term": ctx.term},
         )  # fmt: skip
+        still = rebuild_reason(after) if after else None
         if still:
             log.warning(
-                "index %s still looks %s after a rebuild: the estimate misjudges it; "
-                "not rebuilding it again for a day", index.qualified, still,
+                "index %s still looks %s right after a rebuild: the estimate misjudges "
+                "it; next look in %.0f s", index.qualified, still, REBUILD_COOLDOWN_S,
                 extra={"event": "reindexer.misjudged", "index": index.name},
             )  # fmt: skip
 

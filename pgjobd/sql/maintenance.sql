@@ -27,12 +27,14 @@ WHERE i.indrelid = $1::regclass AND NOT i.indisvalid
 ORDER BY c.relname;
 
 -- name: index_size_list
--- The B-tree indexes of $1 (leftovers excluded) with what the bloat estimate needs:
--- their size on disk, their entry count as of the last VACUUM or ANALYZE (reltuples,
--- -1 when never measured), and the key width per entry from the column statistics
--- (avg_width; for columns without statistics the type's length, or 32 bytes for
--- variable-length types). NULL key_width for expression indexes: no estimate.
--- $1 table (qualified name)
+-- The B-tree indexes of $1 (leftovers excluded; only $2 unless it is NULL) with what
+-- the bloat estimate needs: their size on disk, their entry count as of the last
+-- VACUUM, ANALYZE or build (reltuples, -1 when never measured), and the key width per
+-- entry from the column statistics (avg_width; for columns without statistics the
+-- type's length, or 32 bytes for variable-length types). NULL key_width for expression
+-- indexes: no estimate. `measured_at` is the table's last (auto)vacuum or analyze
+-- (NULL since a crash reset the statistics), `at` the database's now.
+-- $1 table (qualified name), $2 index name (NULL: every index)
 SELECT format('%I.%I', n.nspname, c.relname) AS qualified, c.relname AS name,
        i.indisvalid AS valid, pg_relation_size(c.oid) AS bytes, c.reltuples AS entries,
        current_setting('block_size')::integer AS block_size,
@@ -44,21 +46,21 @@ SELECT format('%I.%I', n.nspname, c.relname) AS qualified, c.relname AS name,
            LEFT JOIN pg_stats AS s
                ON s.schemaname = tn.nspname AND s.tablename = tc.relname
               AND s.attname = a.attname AND NOT s.inherited
-       ) END::integer AS key_width
+       ) END::integer AS key_width,
+       greatest(st.last_vacuum, st.last_autovacuum, st.last_analyze, st.last_autoanalyze)
+           AS measured_at,
+       now() AS at
 FROM pg_index AS i
 JOIN pg_class AS c ON c.oid = i.indexrelid
 JOIN pg_namespace AS n ON n.oid = c.relnamespace
 JOIN pg_am AS am ON am.oid = c.relam
 JOIN pg_class AS tc ON tc.oid = i.indrelid
 JOIN pg_namespace AS tn ON tn.oid = tc.relnamespace
+LEFT JOIN pg_stat_all_tables AS st ON st.relid = i.indrelid
 WHERE i.indrelid = $1::regclass AND am.amname = 'btree'
   AND c.relname !~ '_cc(new|old)[0-9]*$'
+  AND ($2::text IS NULL OR c.relname = $2)
 ORDER BY c.relname;
-
--- name: index_size
--- One index's size on disk, after a rebuild.
--- $1 index (qualified name)
-SELECT pg_relation_size($1::regclass);
 
 -- name: horizon_holders
 -- Who holds back vacuum in this database, oldest first: backends with a snapshot or

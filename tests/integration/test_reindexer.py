@@ -4,6 +4,7 @@ index of the hot table, and does nothing unless it leads."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import anyio
 import asyncpg
@@ -115,13 +116,14 @@ async def _size(conn: asyncpg.Connection, schema: str, index: str) -> int:
 
 
 async def test_a_bloated_index_is_rebuilt(
-    conn: asyncpg.Connection, schema: str, leading: RoleContext
+    conn: asyncpg.Connection, schema: str, leading: RoleContext, caplog: pytest.LogCaptureFixture
 ) -> None:
     await _bloat(conn, schema)
     before = await _size(conn, schema, "job_claim_idx")
     oid_before = await conn.fetchval("SELECT $1::regclass::oid", f"{schema}.job_claim_idx")
 
     reindexer = Reindexer()
+    await _sighted(reindexer, leading, conn, schema)
     await reindexer.tick(leading)
 
     after = await _size(conn, schema, "job_claim_idx")
@@ -133,9 +135,48 @@ async def test_a_bloated_index_is_rebuilt(
     assert await conn.fetchval(f"SELECT count(*) FROM {schema}.job") == 5_000
     rebuilt = reindexer.rebuilt
     assert rebuilt >= 1
+    assert not any("misjudges" in r.getMessage() for r in caplog.records)
 
+    await conn.execute(f"VACUUM (ANALYZE) {schema}.job")
     await reindexer.tick(leading)  # measured again: nothing left to do
     assert reindexer.rebuilt == rebuilt
+    assert not reindexer.suspected
+
+
+async def _sighted(
+    reindexer: Reindexer, ctx: RoleContext, conn: asyncpg.Connection, schema: str
+) -> None:
+    """A tick that sights the bloat, then a vacuum that counts the entries again."""
+    await reindexer.tick(ctx)
+    assert reindexer.rebuilt == 0 and "job_claim_idx" in reindexer.suspected
+    await anyio.sleep(0.01)  # the vacuum's time is after the sighting's, on any clock
+    await conn.execute(f"VACUUM (ANALYZE) {schema}.job")
+
+
+async def test_an_index_judged_on_an_entry_count_older_than_its_size_is_left_alone(
+    conn: asyncpg.Connection, schema: str, leading: RoleContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    # As after a restart: the claim index's entries were counted when the queue was
+    # empty; a backlog has come since. Large against that count, but not bloated.
+    await conn.execute(f"ALTER TABLE {schema}.job SET (autovacuum_enabled = false)")
+    await conn.execute(f"VACUUM (ANALYZE) {schema}.job")
+    await conn.execute(
+        f"INSERT INTO {schema}.job (state, queue, kind, args) "
+        "SELECT 'available', 'default', 'noop', '{}' FROM generate_series(1, 60000)"
+    )
+    size = await _size(conn, schema, "job_claim_idx")
+    reindexer = Reindexer()
+
+    with caplog.at_level(logging.INFO, logger="pgjobd.roles.reindexer"):
+        await reindexer.tick(leading)  # sighted against the stale count
+        assert reindexer.rebuilt == 0
+        await conn.execute(f"VACUUM (ANALYZE) {schema}.job")  # counted again
+        await reindexer.tick(leading)
+
+    assert reindexer.rebuilt == 0
+    assert not reindexer.suspected and not reindexer.not_before
+    assert await _size(conn, schema, "job_claim_idx") == size
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 async def test_a_member_that_is_not_leader_touches_no_index(
@@ -164,6 +205,7 @@ async def test_a_rebuild_cancelled_with_the_term_stops_on_the_server(
         await reader_tx.start()
         await reader.fetchval(f"SELECT count(*) FROM {schema}.job")  # the REINDEX waits
         reindexer = Reindexer()
+        await _sighted(reindexer, leading, conn, schema)
         with anyio.move_on_after(1.0) as scope:
             await reindexer.tick(leading)
         assert scope.cancelled_caught
