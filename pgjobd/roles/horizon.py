@@ -14,11 +14,18 @@ Each tick reads, without writing anything:
 - the hot table's live and dead rows and its last (auto)vacuum;
 - the database's wraparound age (age(datfrozenxid)) and multixact age.
 
-The latest reading is kept in `last` (for metrics). When a threshold is crossed, a
-warning names the culprit; it repeats every REPEAT_S while the condition lasts, at once
-when the culprit changes, and an info line says when it cleared. Dead rows piling up
-while autovacuum keeps running is called out as a horizon problem, which no vacuum
-tuning fixes.
+The latest reading is kept in `last` (for metrics). It warns only on what an operator
+must act on, naming the culprit; a warning repeats every REPEAT_S while the condition
+lasts, at once when the culprit changes, and an info line says when it cleared:
+
+- the horizon held back longer than HELD_WARN_S: the oldest holder, and the hot table's
+  dead rows that vacuum cannot remove meanwhile;
+- dead rows piling up with no vacuum of the table for DEAD_ROWS_FOR_S (autovacuum off
+  for it, or its workers busy elsewhere);
+- wraparound age.
+
+A hot table that is mostly dead rows is not in itself a problem: under load a small
+table that churns is 90+ % dead rows between two autovacuums, and vacuum clears them.
 
 The database role needs pg_read_all_stats (or pg_monitor) to see other roles' sessions:
 without it their xmin is hidden and they cannot be named. The watchdog terminates
@@ -49,9 +56,9 @@ HELD_WARN_S = 300.0
 DEAD_RATIO_WARN = 0.5
 DEAD_ROWS_WARN = 10_000
 WRAPAROUND_WARN = 1_500_000_000  # of 2^31; autovacuum_freeze_max_age is 200 million
+DEAD_ROWS_FOR_S = 600.0
 REPEAT_S = 300.0
 XID_CLOCK_SAMPLES = 480  # 4 h of ticks: longer holds are reported as at least that
-RECENT_AUTOVACUUM_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,7 @@ class HorizonReading:
     autovacuum_count: int
     wraparound_age: int
     multixact_age: int
+    vacuum_count: int = 0  # manual and automatic
 
 
 def held_since_s(samples: deque[tuple[float, int]], horizon_xid: int, now_s: float) -> float:
@@ -123,11 +131,16 @@ class HorizonWatchdog:
         held_warn_s: float = HELD_WARN_S,
         dead_ratio_warn: float = DEAD_RATIO_WARN,
         dead_rows_warn: int = DEAD_ROWS_WARN,
+        dead_rows_for_s: float = DEAD_ROWS_FOR_S,
         wraparound_warn: int = WRAPAROUND_WARN,
     ) -> None:
         self.held_warn_s = held_warn_s
         self.dead_ratio_warn = dead_ratio_warn
         self.dead_rows_warn = dead_rows_warn
+        self.dead_rows_for_s = dead_rows_for_s
+        # Since when (monotonic) dead rows have piled up with no vacuum, and the
+        # table's vacuum count then.
+        self._unvacuumed: tuple[float, int] | None = None
         self.wraparound_warn = wraparound_warn
         self.last: HorizonReading | None = None
         self._xid_clock: deque[tuple[float, int]] = deque(maxlen=XID_CLOCK_SAMPLES)
@@ -161,6 +174,7 @@ class HorizonWatchdog:
             dead_ratio=dead / (live + dead) if live + dead else 0.0,
             last_vacuum=stats["last_vacuum"], last_autovacuum=stats["last_autovacuum"],
             autovacuum_count=stats["autovacuum_count"] or 0,
+            vacuum_count=stats["vacuum_count"] or 0,
             wraparound_age=stats["wraparound_age"], multixact_age=stats["multixact_age"],
         )  # fmt: skip
 
@@ -170,24 +184,24 @@ class HorizonWatchdog:
         held = r.holder is not None and r.held_s > self.held_warn_s
         self._alarm(
             "horizon", held, culprit_key,
-            "vacuum horizon held back for %s; oldest holder: %s",
-            _age(r.held_s), culprit,
+            "vacuum horizon held back for %s, so vacuum cannot remove %s's %d dead rows "
+            "(%.0f %%); oldest holder: %s",
+            _age(r.held_s), table, r.dead_rows, r.dead_ratio * 100, culprit,
         )  # fmt: skip
-        bloated = r.dead_ratio > self.dead_ratio_warn and r.dead_rows > self.dead_rows_warn
-        vacuum_ran_recently = (
-            r.last_autovacuum is not None
-            and (r.at - r.last_autovacuum).total_seconds() < RECENT_AUTOVACUUM_S
-        )
-        diagnosis = (
-            "autovacuum is running but may not remove them: a horizon problem, not a "
-            "vacuum-tuning one"
-            if vacuum_ran_recently
-            else f"last autovacuum {r.last_autovacuum or 'never'}"
-        )
+        piling = r.dead_ratio > self.dead_ratio_warn and r.dead_rows > self.dead_rows_warn
+        now = time.monotonic()
+        if not piling or (self._unvacuumed and self._unvacuumed[1] != r.vacuum_count):
+            self._unvacuumed = None  # cleared, or vacuum ran: it is doing its job
+        if piling and self._unvacuumed is None:
+            self._unvacuumed = (now, r.vacuum_count)
+        unvacuumed_s = now - self._unvacuumed[0] if self._unvacuumed else 0.0
         self._alarm(
-            "dead_rows", bloated, culprit_key,
-            "%s is %.0f %% dead rows (%d dead, %d live); %s; oldest horizon holder: %s",
-            table, r.dead_ratio * 100, r.dead_rows, r.live_rows, diagnosis, culprit,
+            "dead_rows", piling and unvacuumed_s >= self.dead_rows_for_s, None,
+            "%s is %.0f %% dead rows (%d dead, %d live) and has not been vacuumed for "
+            "%s (last autovacuum %s): is autovacuum disabled for it, or are all its "
+            "workers busy elsewhere (autovacuum_max_workers)?",
+            table, r.dead_ratio * 100, r.dead_rows, r.live_rows, _age(unvacuumed_s),
+            r.last_autovacuum or "never",
         )  # fmt: skip
         self._alarm(
             "wraparound", r.wraparound_age > self.wraparound_warn, None,

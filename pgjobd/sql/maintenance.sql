@@ -108,7 +108,8 @@ SELECT now() AS at,
        pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next_xid,
        d.wraparound_age, d.multixact_age,
        s.n_live_tup AS live_rows, s.n_dead_tup AS dead_rows,
-       s.last_vacuum, s.last_autovacuum, s.autovacuum_count
+       s.last_vacuum, s.last_autovacuum, s.autovacuum_count,
+       s.vacuum_count + s.autovacuum_count AS vacuum_count
 FROM (SELECT age(datfrozenxid) AS wraparound_age, mxid_age(datminmxid) AS multixact_age
       FROM pg_database WHERE datname = current_database()) AS d
 LEFT JOIN pg_stat_user_tables AS s ON s.relid = $1::regclass;
