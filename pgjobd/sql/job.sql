@@ -205,12 +205,30 @@ WITH o AS (
 SELECT r.id, r.reason FROM recorded AS r;
 
 -- name: job_lease_renew
--- Extends the leases of the jobs this member holds, where its fences still hold.
--- Returns the ids renewed, and whether an admin asked to cancel each (a fallback for a
--- missed job_cancel notification); the ids not returned were lost (reaped).
+-- Extends the leases of the jobs this member holds, where its fences still hold. A row
+-- another transaction has locked is skipped, not waited for (one locked row must not
+-- hold up every renewal of the member): it comes back with renewed = false, neither
+-- renewed nor lost. Returns (id, fence) of every attempt that still holds its job, and
+-- whether an admin asked to cancel it (a fallback for a missed job_cancel
+-- notification); an attempt not returned was lost (its row is gone or re-fenced).
 -- $1 member id, $2 ids, $3 fences, $4 lease
-UPDATE {{schema}}.job AS j
-SET lease_expires_at = now() + $4::interval
-FROM unnest($2::bigint[], $3::bigint[]) AS h(id, fence)
-WHERE j.id = ANY($2::bigint[]) AND j.id = h.id AND j.fence = h.fence AND j.owner = $1
-RETURNING j.id, j.cancel_requested;
+WITH held AS (
+    SELECT j.id
+    FROM {{schema}}.job AS j
+    JOIN unnest($2::bigint[], $3::bigint[]) AS h(id, fence) ON j.id = h.id
+    WHERE j.id = ANY($2::bigint[]) AND j.fence = h.fence AND j.owner = $1
+    FOR UPDATE OF j SKIP LOCKED
+), renewed AS (
+    UPDATE {{schema}}.job AS j
+    SET lease_expires_at = now() + $4::interval
+    FROM held
+    WHERE j.id = held.id
+    RETURNING j.id, j.fence, j.cancel_requested
+)
+SELECT r.id, r.fence, r.cancel_requested, true AS renewed FROM renewed AS r
+UNION ALL
+SELECT j.id, j.fence, j.cancel_requested, false
+FROM {{schema}}.job AS j
+JOIN unnest($2::bigint[], $3::bigint[]) AS h(id, fence) ON j.id = h.id
+WHERE j.id = ANY($2::bigint[]) AND j.fence = h.fence AND j.owner = $1
+  AND j.id NOT IN (SELECT held.id FROM held);
