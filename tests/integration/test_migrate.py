@@ -474,3 +474,31 @@ async def test_a_late_completion_of_an_old_job_lands_in_todays_partition(
     assert await _partition_of(conn, f"{schema}.job_history", f"id = {job_id}") == (
         f"job_history_p{today:%Y%m%d}"
     )
+
+
+async def test_a_role_that_may_not_create_the_scratch_schema_skips_the_comparison(
+    dsn: str, conn: asyncpg.Connection, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A member running as a least-privilege role (no CREATE on the database) still
+    starts: the version is checked, the object comparison skipped with a warning."""
+    role = f"nocreate_{uuid.uuid4().hex[:8]}"
+    await conn.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        await conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+        await conn.execute(f"GRANT SELECT ON {schema}.migration TO {role}")
+        limited = await asyncpg.connect(dsn, user=role)
+        try:
+            found = await migrate.verify(limited, schema)
+            with caplog.at_level("WARNING", logger="pgjobd.migrate"):
+                version = await migrate.check_schema(limited, schema, deep=True)
+            assert await limited.fetchval("SELECT 1") == 1  # the connection is still usable
+        finally:
+            await limited.close()
+    finally:
+        await conn.execute(f"DROP OWNED BY {role}")
+        await conn.execute(f"DROP ROLE {role}")
+
+    assert found.skipped is not None and "may not create" in found.skipped
+    assert not found.broken and not found.foreign
+    assert version == migrate.code_version()
+    assert "not compared with the migrations" in caplog.text
