@@ -9,6 +9,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import date, timedelta
+from pathlib import Path
 
 import anyio
 import asyncpg
@@ -502,3 +503,21 @@ async def test_a_role_that_may_not_create_the_scratch_schema_skips_the_compariso
     assert not found.broken and not found.foreign
     assert version == migrate.code_version()
     assert "not compared with the migrations" in caplog.text
+
+
+async def test_a_member_does_not_start_on_a_schema_missing_an_object(
+    dsn: str, conn: asyncpg.Connection, schema: str, tmp_path: Path
+) -> None:
+    await conn.execute(f"DROP FUNCTION {schema}.partitions_ensure(integer)")
+    (tmp_path / "handlers").mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PGJOBD_DSN", "DATABASE_URL")}
+
+    with anyio.fail_after(60):
+        result = await anyio.run_process(
+            [sys.executable, "-m", "pgjobd", "run", "--dsn", dsn, "--schema", schema],
+            cwd=tmp_path, env={**env, "PGJOBD_CONFIG": ""}, check=False,
+        )  # fmt: skip
+
+    assert result.returncode == 1
+    stderr = result.stderr.decode()
+    assert f"function {schema}.partitions_ensure(days_ahead integer) is missing" in stderr
