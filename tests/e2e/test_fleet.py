@@ -3,9 +3,11 @@ roles, and the reaper bringing back the jobs of a member that died."""
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -13,12 +15,13 @@ import anyio
 import asyncpg
 import pytest
 
-from pgjobd import Client
+from pgjobd import Client, migrate
+from pgjobd.embedded import KILL_SAFE_SETTINGS, Cluster
 from pgjobd.leader import unsigned
 from pgjobd.lock_keys import LEADER, lock_key
 from pgjobd.queries import for_schema
 
-from .conftest import MemberProcess, wait_all_final, wait_until
+from .conftest import HANDLERS, MemberProcess, wait_all_final, wait_until
 
 pytestmark = pytest.mark.anyio
 StartMember = Callable[..., Awaitable[MemberProcess]]
@@ -170,3 +173,74 @@ async def test_the_jobs_of_a_killed_member_run_again_elsewhere(
     assert sorted(r["job_id"] for r in lost) == sorted(ids)
     # lease 2s + reaper interval 5s + the rerun's 3s, with room for a slow machine
     assert recovered_s < 20, recovered_s
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A private PostgreSQL the test can stop and start."""
+    with Cluster(tmp_path / "pg", settings=KILL_SAFE_SETTINGS) as running:
+        yield running
+
+
+async def test_a_job_completed_on_its_last_attempt_during_an_outage_longer_than_the_lease_completes(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # The outcomes wait in the member's completer while the database is away for longer
+    # than the lease. When it is back, the leader's session (and so its term) is new,
+    # and its reaper waits one lease into the term: the completer records them first.
+    await cluster.ensure_database("outage")
+    dsn = cluster.dsn("outage")
+    schema = "pgjobd"
+    conn = await asyncpg.connect(dsn)
+    await migrate.migrate(conn, schema)
+    ledger = tmp_path / "ledger"
+    await conn.execute(
+        f"SELECT {schema}.enqueue('record', jsonb_build_object('path', $1::text, "
+        "'hold_s', 1.5), max_attempts => 1) FROM generate_series(1, 8)",
+        str(ledger),
+    )
+    await conn.close()
+    config = tmp_path / "pgjobd.toml"
+    lease_s = 8
+    config.write_text(
+        f'[database]\nschema = "{schema}"\n[daemon]\nhandlers = ["{HANDLERS}"]\n'
+        f'metrics_listen = ""\nlog_format = "text"\nlease = "{lease_s}s"\n'
+        "[queues.default]\nconcurrency = 8\nprocesses = 1\n"
+    )
+    log_path = tmp_path / "member.log"
+    with log_path.open("wb") as log_file:
+        process = await anyio.open_process(
+            [sys.executable, "-m", "pgjobd", "run", "--config", str(config)],
+            stdout=log_file, stderr=log_file, env={**os.environ, "PGJOBD_DSN": dsn},
+        )  # fmt: skip
+    member = MemberProcess(process, log_path)
+    try:
+        await wait_until(lambda: _running(dsn, schema, 8), what="8 jobs running", timeout_s=30)
+        cluster.stop("fast")
+        stopped_at = time.monotonic()
+        await wait_until(lambda: "holding them" in member.log, timeout_s=30, what="outcomes held")
+        await anyio.sleep(max(0.0, lease_s + 3 - (time.monotonic() - stopped_at)))
+        cluster.start()
+
+        conn = await asyncpg.connect(dsn)
+        try:
+
+            async def final() -> list[asyncpg.Record] | None:
+                rows = await conn.fetch(f"SELECT state, reason FROM {schema}.job_history")
+                return rows if len(rows) == 8 else None
+
+            records = await wait_until(final, timeout_s=60, what="8 final records")
+            assert [(r["state"], r["reason"]) for r in records] == [("completed", None)] * 8
+        finally:
+            await conn.close()
+    finally:
+        assert await member.stop() == 0, member.log[-3000:]
+
+
+async def _running(dsn: str, schema: str, count: int) -> bool:
+    conn = await asyncpg.connect(dsn)
+    try:
+        running = await conn.fetchval(f"SELECT count(*) FROM {schema}.job WHERE state = 'running'")
+        return bool(running == count)
+    finally:
+        await conn.close()
