@@ -8,10 +8,14 @@ flight can always be recorded):
   intake     one producer per queue, the promoter of due jobs, and the leader elector
              with the roles it runs while this member leads
 
-SIGTERM/SIGINT drains: intake stops at once; jobs in flight get until drain_timeout;
-what is still running then is given back (available again, attempt not charged); the
-member leaves the fleet and the process exits 0. A second signal gives back at once.
-Leadership is released as the drain starts, so another member takes over at once.
+SIGTERM/SIGINT drains: intake stops at once (a claim in flight still hands its jobs
+over); jobs in flight get until drain_timeout; the workers still running jobs then are
+killed, and only then are their jobs given back (available again, attempt not charged);
+the member leaves the fleet and the process exits 0. A second signal does the same at
+once. Leadership is released as the drain starts, so another member takes over at once.
+
+The member is a child subreaper: whatever a handler starts and leaves behind ends up
+its child and is killed (see supervisor.kill_strays), during the run and at exit.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from pgjobd.roles.queue_stats import QueueStats
 from pgjobd.roles.reaper import Reaper
 from pgjobd.roles.reindexer import Reindexer
 from pgjobd.roles.runner import RoleRunner
-from pgjobd.supervisor import WorkerPool
+from pgjobd.supervisor import JobKey, WorkerPool, become_subreaper, kill_strays
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,9 @@ OUTCOME_BUFFER = 10_000
 HEARTBEAT_S = 5.0
 PROMOTE_BATCH = 1000
 PROMOTE_MAX_SLEEP_S = 1.0
+STRAY_SWEEP_S = 1.0
+# After a second SIGTERM, how long a claim in flight may take to hand its jobs over.
+STOP_NOW_CLAIM_S = 2.0
 
 
 def leader_roles() -> list[Role]:
@@ -88,6 +95,18 @@ class Generation:
     kinds: list[KindInfo] = field(default_factory=list)
     producers: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     pools: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    claimers: list[Producer] = field(default_factory=list)
+    # Set when its producers have ended: no claim of theirs is in flight any more.
+    producers_done: anyio.Event = field(default_factory=anyio.Event)
+
+    def stop_claiming(self, within_s: float) -> None:
+        """No more claims for these workers; one in flight still hands its jobs over
+        (they are given back, as the pools take no more), within `within_s`."""
+        for claimer in self.claimers:
+            claimer.stop(within_s)
+        self.producers.cancel()
+        for worker_pool in self.workers.values():
+            worker_pool.drain()
 
 
 class Member:
@@ -101,6 +120,8 @@ class Member:
         self.draining = False
         self.generations: list[Generation] = []
         self._stop_now = anyio.Event()
+        self._drain_deadline: float | None = None
+        self._subreaper = False
         self._reloading = anyio.Lock()
         # For /healthz, /readyz and the metrics read at scrape time.
         self.dead_task: str | None = None
@@ -109,23 +130,23 @@ class Member:
         self.loop_monitor = health.LoopMonitor()
         self.http_port: int | None = None  # bound by the metrics/health server
 
-    def held(self) -> dict[int, tuple[WorkerPool, ClaimedJob]]:
-        """Every job in flight on this member, with the pool that holds it."""
+    def held(self) -> dict[JobKey, tuple[WorkerPool, ClaimedJob]]:
+        """Every job in flight on this member by (id, fence), with the pool holding it."""
         return {
-            job_id: (pool, job)
+            key: (pool, job)
             for generation in self.generations
             for pool in generation.workers.values()
-            for job_id, job in pool.held().items()
+            for key, job in pool.held().items()
         }
 
     def cancel_job(self, job_id: int) -> None:
         """An admin cancelled this job: set ctx.cancelled in the worker holding it (the
         attempt's end then records it as cancelled, unless it completes)."""
-        held = self.held().get(job_id)
-        if held is not None:
-            fields = {"event": "job.cancel_requested", **self.job_fields(held[1])}
-            log.info("job %d cancelled by an admin", job_id, extra=fields)
-            held[0].cancel(job_id)
+        for key, (worker_pool, job) in self.held().items():
+            if key[0] == job_id:
+                fields = {"event": "job.cancel_requested", **self.job_fields(job)}
+                log.info("job %d cancelled by an admin", job_id, extra=fields)
+                worker_pool.cancel(key)
 
     def job_fields(self, job: ClaimedJob) -> dict[str, object]:
         """The fields every log line about a job carries."""
@@ -155,6 +176,7 @@ class Member:
             raise error
 
     async def _run(self) -> None:
+        self._subreaper = become_subreaper()
         pool = await db.create_pool(self.config, reset=skip_session_reset)
         try:
             async with pool.acquire() as conn:
@@ -162,6 +184,8 @@ class Member:
             self.db_ok_at = anyio.current_time()
             await self._serve(pool)
         finally:
+            if self._subreaper:  # the workers have ended (or never started)
+                await self._end_strays()
             with anyio.move_on_after(5, shield=True):
                 await pool.close()
 
@@ -236,6 +260,8 @@ class Member:
         self.notifier.on_cancel = self.cancel_job
         async with anyio.create_task_group() as services:
             services.start_soon(self._watched, "completer", self.completer.run)
+            if self._subreaper:
+                services.start_soon(self._sweep_strays)
             services.start_soon(systemd.keep_watchdog_fed)  # also while draining
             await services.start(self._watched, "listener", self.notifier.run)
             async with anyio.create_task_group() as pools:
@@ -311,15 +337,19 @@ class Member:
             self.generations.remove(generation)
 
     async def _run_producers(self, pool: asyncpg.Pool, generation: Generation) -> None:
-        with generation.producers:
-            async with anyio.create_task_group() as tg:
-                for name, worker_pool in generation.workers.items():
-                    producer = Producer(
-                        name, pool=pool, queries=self.q, workers=worker_pool,
-                        wakeup=self.notifier.wakeup(name), completer=self.completer,
-                        member_id=self.id, lease=generation.config.daemon.lease,
-                    )  # fmt: skip
-                    tg.start_soon(producer.run)
+        try:
+            with generation.producers:
+                async with anyio.create_task_group() as tg:
+                    for name, worker_pool in generation.workers.items():
+                        producer = Producer(
+                            name, pool=pool, queries=self.q, workers=worker_pool,
+                            wakeup=self.notifier.wakeup(name), completer=self.completer,
+                            member_id=self.id, lease=generation.config.daemon.lease,
+                        )  # fmt: skip
+                        generation.claimers.append(producer)
+                        tg.start_soon(producer.run)
+        finally:
+            generation.producers_done.set()
 
     async def _watch_signals(
         self, pool: asyncpg.Pool, intake: TaskGroup, *, task_status: TaskStatus[None]
@@ -339,8 +369,14 @@ class Member:
                         "%s: draining", signal.Signals(signum).name,
                         extra={"event": "member.draining", "member": self.id},
                     )  # fmt: skip
+                    drain_s = self.config.daemon.drain_timeout.total_seconds()
+                    self._drain_deadline = anyio.current_time() + drain_s
+                    for generation in self.generations:
+                        generation.stop_claiming(drain_s)
                     intake.cancel_scope.cancel()
                 else:
+                    for generation in self.generations:
+                        generation.stop_claiming(STOP_NOW_CLAIM_S)
                     self._stop_now.set()  # one receiver all along: no gap for a default
 
     async def reload(self, pool: asyncpg.Pool) -> None:
@@ -371,7 +407,9 @@ class Member:
             return
         old = [g for g in self.generations if g is not new]
         for generation in old:
-            generation.producers.cancel()  # claim no more into the old workers
+            # Claim no more into the old workers: a claim in flight hands its jobs over
+            # (and they give them back), so none is stranded.
+            generation.stop_claiming(self.config.daemon.lease.total_seconds())
         self.config = config
         self.completer.queues.update(config.queues)
         if self.roles is not None:
@@ -388,20 +426,41 @@ class Member:
 
     async def _retire(self, generation: Generation) -> None:
         """Let an old generation finish the jobs it holds, then stop its workers."""
+        await generation.producers_done.wait()  # no claim for it in flight
         for worker_pool in generation.workers.values():
             await worker_pool.wait_idle()
         generation.pools.cancel()
 
     async def _drain(self) -> None:
-        """Let jobs in flight finish until drain_timeout; give back the rest."""
-        deadline_s = self.config.daemon.drain_timeout.total_seconds()
-        with anyio.move_on_after(deadline_s):
+        """Let jobs in flight finish until drain_timeout; then kill the workers still
+        holding jobs, and give their jobs back."""
+        deadline = self._drain_deadline
+        if deadline is None:  # not drained by a signal (intake ended on its own)
+            deadline = anyio.current_time() + self.config.daemon.drain_timeout.total_seconds()
+        with anyio.move_on_after(deadline - anyio.current_time()):
             while self.held() and not self._stop_now.is_set():
                 with anyio.move_on_after(0.05):
                     await self._stop_now.wait()
-        for job_id, (worker_pool, job) in self.held().items():
-            self.completer.given_back.add(job_id)
-            await worker_pool.outcomes.send(Outcome(job, "given_back"))
+        why = "stopped at once (second signal)" if self._stop_now.is_set() else (
+            "still running at the end of drain_timeout"
+        )  # fmt: skip
+        async with anyio.create_task_group() as tg:
+            for generation in self.generations:
+                for worker_pool in generation.workers.values():
+                    if worker_pool.held():
+                        tg.start_soon(worker_pool.give_back_all, why)
+
+    async def _sweep_strays(self) -> None:
+        """Kill what handlers left behind (orphans reparented to this subreaper)."""
+        while True:
+            await anyio.sleep(STRAY_SWEEP_S)
+            kill_strays()
+
+    async def _end_strays(self) -> None:
+        """At exit, after the workers: nothing a handler started may outlive the member."""
+        with anyio.move_on_after(5, shield=True):
+            while kill_strays(spare_workers=False):  # noqa: ASYNC110 - /proc has no event
+                await anyio.sleep(0.02)
 
     async def _declare(self, pool: asyncpg.Pool, generation: Generation) -> None:
         """Record each kind's effective defaults, for enqueues that name only the kind."""
@@ -464,24 +523,28 @@ class Member:
             try:
                 async with pool.acquire() as conn:
                     rows = await conn.fetch(
-                        self.q["job_lease_renew"], self.id, list(held),
-                        [job.fence for _, job in held.values()], lease,
+                        self.q["job_lease_renew"], self.id, [key[0] for key in held],
+                        [key[1] for key in held], lease,
                     )  # fmt: skip
             except TRANSIENT as e:
                 log.warning("lease renewal failed: %s", e, extra={"event": "lease.renew_failed"})
                 continue
+            # Rows another transaction had locked were skipped, neither renewed nor lost:
+            # one locked row must not hold up the renewal of every other.
+            found: set[JobKey] = set()
             for row in rows:
-                if row["cancel_requested"]:  # in case the job_cancel NOTIFY was missed
-                    held[row["id"]][0].cancel(row["id"])
-            lost = held.keys() - {row["id"] for row in rows} - self.completer.given_back
-            for job_id in lost:
-                worker_pool, job = held[job_id]
-                if job_id in worker_pool.held():  # not finished meanwhile
+                key = (row["id"], row["fence"])
+                found.add(key)
+                if row["cancel_requested"] and key in held:  # in case NOTIFY was missed
+                    held[key][0].cancel(key)
+            for key in held.keys() - found:
+                worker_pool, job = held[key]
+                if key in worker_pool.held():  # not finished meanwhile
                     log.warning(
-                        "lease of job %d lost; cancelling it", job_id,
+                        "lease of job %d lost; cancelling it", key[0],
                         extra={"event": "lease.lost", **self.job_fields(job)},
                     )  # fmt: skip
-                    worker_pool.cancel(job_id)
+                    worker_pool.cancel(key)
 
     async def _promote_due(self, pool: asyncpg.Pool) -> None:
         """Make due scheduled and retryable jobs claimable; sleep until the next is due."""

@@ -4,6 +4,11 @@ statement, and hands them to the worker pool.
 It claims only when a slot is free and the completer is keeping up. Between claims it
 waits for a NOTIFY wake-up or, failing that, polls with an interval that doubles while
 the queue stays empty (up to MAX_POLL_S) and drops back as soon as work turns up.
+
+A claim and the hand-over of what it claimed are one step that cancellation does not
+split: once `job_claim` may have committed, the jobs reach the workers (or are given
+back by them). Cancelling the producer (a drain, a reload retiring its workers) ends
+its loops between claims; a claim in flight runs to its end, bounded by `stop()`.
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ class Producer:
         self.member_id = member_id
         self.lease = lease
         self.reserved = 0  # slots a claim in flight will fill
+        self._in_flight: set[anyio.CancelScope] = set()  # shielded claims + hand-overs
+        self._stop_by: float | None = None
         self.claim_seconds: list[float] = []  # recent claim durations, for metrics
         self.claimed = 0
 
@@ -72,6 +79,14 @@ class Producer:
         async with anyio.create_task_group() as tg:
             for _ in range(CLAIMERS):
                 tg.start_soon(self._claim_loop)
+
+    def stop(self, within_s: float) -> None:
+        """Bound a claim in flight to `within_s` from now (the database may be away);
+        the caller cancels the producer. A claim cut short may have committed: its jobs
+        are then left to the reaper (attempt charged)."""
+        self._stop_by = anyio.current_time() + within_s
+        for scope in self._in_flight:
+            scope.deadline = min(scope.deadline, self._stop_by)
 
     def _unreserved(self) -> int:
         return self.workers.free_slots() - self.reserved
@@ -89,11 +104,25 @@ class Producer:
             limit = self._unreserved()
             if limit <= 0:
                 continue
+            if self._stop_by is not None:
+                return
             self.wakeup.clear()
             self.reserved += limit
             try:
-                jobs = await self.claim(limit)
-                await self.workers.submit_many(jobs)
+                with anyio.CancelScope(shield=True) as scope:
+                    self._in_flight.add(scope)
+                    try:
+                        jobs = await self.claim(limit)
+                        await self.workers.submit_many(jobs)
+                    finally:
+                        self._in_flight.discard(scope)
+                if scope.cancelled_caught:
+                    log.warning(
+                        "a claim from queue %s did not end in time as the producer stopped; "
+                        "what it claimed is left to the reaper", self.queue,
+                        extra={"event": "producer.claim_abandoned", "queue": self.queue},
+                    )  # fmt: skip
+                    return
             except TRANSIENT as e:
                 failures += 1
                 log.warning(

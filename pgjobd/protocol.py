@@ -5,7 +5,7 @@ msgspec Struct. The parent writes to the child's stdin and reads the child's ori
 stdout (the child moves its own prints to stderr before it sends anything).
 
     parent -> child   Run(job, timeout_s)   run this job (the child holds it until Done)
-                      Cancel(job_id)        set the job's ctx.cancelled (cooperative)
+                      Cancel(job_id, fence) set that attempt's ctx.cancelled (cooperative)
                       Stop()                take no more work, finish what you hold, exit 0
     child -> parent   Ready(pid, kinds)     handlers loaded; the kinds this child knows
                       BootFailed(message)   handlers failed to load; the child exits 3
@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -51,6 +51,7 @@ class Run(Message, frozen=True, tag="run"):
 
 class Cancel(Message, frozen=True, tag="cancel"):
     job_id: int
+    fence: int  # the attempt: one member may hold two attempts of a job at once
 
 
 class Stop(Message, frozen=True, tag="stop"):
@@ -173,6 +174,9 @@ class ChildChannel:
         self._writer = writer
         self._decoder: Decoder[ToChild] = Decoder(ToChild)
         self._unsent: list[bytes] = []
+        # Called when a write finds the pipe broken (the frames are lost): the worker
+        # exits rather than hold jobs whose outcomes can never reach the parent.
+        self.on_broken: Callable[[], None] | None = None
 
     @classmethod
     async def open(cls, read_fd: int, write_fd: int) -> ChildChannel:
@@ -197,6 +201,8 @@ class ChildChannel:
         frames, self._unsent = self._unsent, []
         if not self._writer.is_closing():
             self._writer.write(b"".join(frames))
+        if self._writer.is_closing() and self.on_broken is not None:
+            self.on_broken()
 
     async def receive(self) -> ToChild:
         """The next message; EOFError at a clean end of input, ProtocolError at a bad one."""

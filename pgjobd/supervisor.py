@@ -18,17 +18,31 @@ held, at once, as `crashed` outcomes.
   started. A child of that first generation that fails to boot (a handler module that
   does not import) makes `run` raise ConfigError with the child's message: the daemon
   exits 78 rather than crash-looping.
-- Process group: children stay in the daemon's group, so a terminal's Ctrl-C reaches
-  them; they ignore SIGINT and the daemon drives shutdown. Their stderr is the daemon's.
+- Process groups: each child starts in a session (and process group) of its own, so a
+  signal sent to the daemon's group (a terminal's Ctrl-C, `timeout`) does not reach it;
+  children ignore SIGTERM, SIGINT and SIGHUP anyway, and the daemon drives shutdown.
+  Every kill is a SIGKILL to the child's whole process group, and a child that ends for
+  any reason takes its group with it: what a handler forked ends with its worker.
+  Descendants that leave the group (setsid, setpgid) are the daemon's to sweep up as a
+  child subreaper (see `become_subreaper`, `kill_strays`). Their stderr is the daemon's.
+- Death: noticed from the process itself (its exit status), not from the end of its
+  output, which a descendant holding the pipe open could delay forever.
+- Draining: `drain()` makes the pool take no more jobs and replace no child that ends.
+  `give_back_all()` kills the children holding jobs first and then reports those jobs
+  given_back, so that no handler still runs once its job has been given back.
 - Shutdown: when `run` is cancelled, each child gets Stop and `grace_s` to finish what it
   holds (outcomes that arrive meanwhile are still sent, as long as `outcomes` accepts
   them), then SIGKILL. Jobs without an outcome stay in `held()` for the caller to give
   back; they are not reported as crashed.
+- Keys: a job in flight is known by (id, fence), its attempt: a member may hold two
+  attempts of one job when its lease ran out and the same member claimed it again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import logging
 import math
 import os
@@ -72,6 +86,12 @@ OOM_HINT = "(SIGKILL: possibly the kernel's OOM killer)"
 CRASH_LOOP_LIMIT = 5
 RSS_CHECK_S = 5.0
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+# After a child exited, how long frames it wrote before may take to be read. (Its output
+# may never end: a descendant can hold the pipe open.)
+READ_AFTER_EXIT_S = 1.0
+PR_SET_CHILD_SUBREAPER = 36
+
+JobKey = tuple[int, int]  # (id, fence): one attempt of a job
 
 
 @dataclass(eq=False)
@@ -91,16 +111,17 @@ class _Child:
     kinds: dict[str, KindInfo] = field(default_factory=dict)
     ready: bool = False
     retiring: bool = False
-    held: dict[int, _Held] = field(default_factory=dict)
+    held: dict[JobKey, _Held] = field(default_factory=dict)
     kill_reason: str | None = None  # set when we SIGKILL it; None: it died on its own
-    overdue_job: int | None = None
+    overdue_job: JobKey | None = None
     ready_at: float = 0.0
     crashed_jobs: int = 0
     jobs_done: int = 0
     recycled: str | None = None  # why it was asked to stop and be replaced
     # A job that has crashed a worker before runs here without new neighbours: if it
     # kills the process again, it takes no job that arrived after it down with it.
-    suspect: int | None = None
+    suspect: JobKey | None = None
+    served: anyio.Event = field(default_factory=anyio.Event)  # set when its end is settled
 
     @property
     def pid(self) -> int:
@@ -144,6 +165,7 @@ class WorkerPool:
         self._deadlines_changed: anyio.Event | None = None
         self._tg: TaskGroup | None = None
         self._stopping = False
+        self._draining = False
         self._slot_scopes: dict[int, anyio.CancelScope] = {}
         self._slot_ended: dict[int, anyio.Event] = {}
         self._watchdog_wakes_at = -math.inf  # no need to wake it for later deadlines
@@ -154,6 +176,8 @@ class WorkerPool:
 
     def free_slots(self) -> int:
         """Slots of ready, not-retiring children, minus the jobs in flight in them."""
+        if self._draining:
+            return 0
         return sum(child.free for child in self._children.values())
 
     async def wait_free(self) -> None:
@@ -178,13 +202,15 @@ class WorkerPool:
         unplaced: list[ClaimedJob] = []
         for job in jobs:
             candidates = [c for c in self._children.values() if c.free > 0]
+            if self._draining:
+                candidates = []
             if not candidates:
                 # A worker ended while the claim was in flight and took its slots along.
                 unplaced.append(job)
                 continue
             if job.crashes:  # a suspected poison pill: the emptiest worker, to itself
                 child = min(candidates, key=lambda c: (len(c.held), c.index))
-                child.suspect = job.id
+                child.suspect = (job.id, job.fence)
             else:
                 child = max(candidates, key=lambda c: (c.free, -c.index))
             info = child.kinds.get(job.kind)
@@ -194,7 +220,7 @@ class WorkerPool:
                 else self.config.timeout.total_seconds()
             )
             deadline = now + timeout_s + self.grace_s
-            child.held[job.id] = _Held(job, now, timeout_s, deadline)
+            child.held[job.id, job.fence] = _Held(job, now, timeout_s, deadline)
             batches.setdefault(child.index, (child, []))[1].append(Run(job, timeout_s))
             if deadline < self._watchdog_wakes_at:
                 self._notify_deadlines()
@@ -207,17 +233,17 @@ class WorkerPool:
                 await child.channel.send_many(runs)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError) as e:
                 for run in runs:
-                    if child.held.pop(run.job.id, None) is not None:
+                    if child.held.pop((run.job.id, run.job.fence), None) is not None:
                         self._notify_changed()
                         await self.outcomes.send(
                             Outcome(run.job, "given_back", error_message=f"worker gone: {e}")
                         )
 
-    def cancel(self, job_id: int) -> None:
-        """Set the job's ctx.cancelled in the child that holds it (no-op if none)."""
+    def cancel(self, key: JobKey) -> None:
+        """Set the attempt's ctx.cancelled in the child that holds it (no-op if none)."""
         for child in self._children.values():
-            if job_id in child.held and self._tg is not None:
-                self._tg.start_soon(self._send_quietly, child, Cancel(job_id))
+            if key in child.held and self._tg is not None:
+                self._tg.start_soon(self._send_quietly, child, Cancel(*key))
                 return
 
     async def wait_changed(self) -> None:
@@ -234,11 +260,44 @@ class WorkerPool:
         """Worker processes of this pool that have not exited."""
         return sum(1 for c in self._children.values() if c.process.returncode is None)
 
-    def held(self) -> dict[int, ClaimedJob]:
-        """Every job in flight in this pool, by id."""
-        return {
-            job_id: h.job for child in self._children.values() for job_id, h in child.held.items()
-        }
+    def held(self) -> dict[JobKey, ClaimedJob]:
+        """Every job in flight in this pool, by (id, fence)."""
+        return {key: h.job for child in self._children.values() for key, h in child.held.items()}
+
+    def drain(self) -> None:
+        """Take no more jobs and replace no child that ends (the member is draining, or
+        this pool's generation retiring). The jobs held run on."""
+        self._draining = True
+        self._notify_changed()
+
+    async def give_back_all(self, why: str) -> int:
+        """Kill every child that holds a job, with its process group, and only then
+        report the jobs it held given_back (attempt not charged): no handler runs on
+        after its job was given back. Outcomes the children sent before they died are
+        recorded as they are. Returns the number of jobs given back."""
+        self.drain()
+        self._stopping = True  # the deaths below are ours: not crashes
+        holders = [child for child in self._children.values() if child.held]
+        for child in holders:
+            self._kill(child, f"killed: {why}")
+        with anyio.move_on_after(self.grace_s + READ_AFTER_EXIT_S):
+            for child in holders:
+                await child.served.wait()
+        given_back = 0
+        for child in holders:
+            if child.process.returncode is None:  # not reaped yet: never give back early
+                log.error(
+                    "queue %s: worker process %d has not exited after SIGKILL; its %d "
+                    "jobs are left for the reaper", self.queue, child.pid, len(child.held),
+                    extra={"event": "worker.unkillable", "queue": self.queue},
+                )  # fmt: skip
+                continue
+            for key, held in list(child.held.items()):
+                del child.held[key]
+                given_back += 1
+                await self.outcomes.send(Outcome(held.job, "given_back", error_message=why))
+        self._notify_changed()
+        return given_back
 
     # -- running -------------------------------------------------------------------
 
@@ -308,9 +367,15 @@ class WorkerPool:
         for directory in self.handler_dirs:
             command += ["--handler-dir", str(directory)]
         command += ["--slots", str(slots)]
-        process = await anyio.open_process(
-            command, stderr=None, env={**os.environ, **self.env} if self.env else None
-        )
+        _tree.spawning += 1
+        try:
+            process = await anyio.open_process(
+                command, stderr=None, env={**os.environ, **self.env} if self.env else None,
+                start_new_session=True,
+            )  # fmt: skip
+            _tree.worker_pids.add(process.pid)
+        finally:
+            _tree.spawning -= 1
         assert process.stdin is not None and process.stdout is not None
         channel: Channel[ToParent] = Channel(process.stdin, process.stdout, ToParent)
         return _Child(index=index, slots=slots, process=process, channel=channel)
@@ -370,13 +435,13 @@ class WorkerPool:
                             current.kill_reason or current.crashed_jobs or current.recycled
                         )
                         failures = failures + 1 if uptime < MIN_UPTIME_S and alone else 0
-                    if self._stopping:
+                    if self._stopping or self._draining:
                         return
                     if failures:
                         await self._sleep_unless_stopping(
                             BOOT_BACKOFF_S[min(failures, len(BOOT_BACKOFF_S)) - 1]
                         )
-                        if self._stopping:
+                        if self._stopping or self._draining:
                             return
                     previous = self._children[index].pid
                     current = await self._spawn(index, self._slot_sizes()[index])
@@ -412,14 +477,66 @@ class WorkerPool:
 
     async def _sleep_unless_stopping(self, delay_s: float) -> None:
         with anyio.move_on_after(delay_s):
-            while not self._stopping:
+            while not (self._stopping or self._draining):
                 await self._changed_event().wait()
 
     async def _serve(self, child: _Child) -> None:
         """Turn the child's Done frames into outcomes until it exits; then settle up."""
         try:
+            await self._watch(child)
+            returncode = await self._kill_and_reap(child)
+            if self._stopping:
+                return  # what it still holds is the caller's to give back
+            metrics.WORKER_RESTARTS.labels(self.queue, restart_reason(child, returncode)).inc()
+            await self._report_death(child, returncode)
+        finally:
+            child.served.set()
+
+    async def _watch(self, child: _Child) -> None:
+        """Read the child's frames until it exits. Its exit is what counts: its output
+        may stay open after it (a descendant holding the pipe), or end before it."""
+        either = anyio.Event()
+        output_ended = anyio.Event()
+        receiving: list[anyio.CancelScope] = []  # the receive in progress, if any
+
+        async def read() -> None:
+            try:
+                await self._read_frames(child, receiving)
+            finally:
+                output_ended.set()
+                either.set()
+
+        async def wait_exit() -> None:
+            await child.process.wait()
+            either.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            tg.start_soon(wait_exit)
+            await either.wait()
+            child.ready = False
+            self._notify_changed()
+            if child.process.returncode is None:
+                with anyio.move_on_after(self.grace_s):
+                    await child.process.wait()  # its output ended: it is exiting
+            else:
+                with anyio.move_on_after(READ_AFTER_EXIT_S):
+                    await output_ended.wait()  # the frames it wrote before it exited
+            # Stop reading, but let an outcome being handed over arrive.
+            for scope in receiving:
+                scope.cancel()
+            await output_ended.wait()
+            tg.cancel_scope.cancel()
+
+    async def _read_frames(self, child: _Child, receiving: list[anyio.CancelScope]) -> None:
+        try:
             while True:
-                message = await child.channel.receive()
+                with anyio.CancelScope() as scope:
+                    receiving.append(scope)
+                    message = await child.channel.receive()
+                receiving.clear()
+                if scope.cancel_called:
+                    return
                 if isinstance(message, Done):
                     await self._finish(child, message)
                 else:
@@ -431,19 +548,11 @@ class WorkerPool:
             log.error("worker %d: %s; killing it", child.pid, e,
                       extra={"event": "worker.protocol_error", "queue": self.queue})  # fmt: skip
             self._kill(child, f"killed after a protocol error: {e}")
-        child.ready = False
-        self._notify_changed()
-        with anyio.move_on_after(self.grace_s, shield=True):
-            await child.process.wait()  # its output ended: it is exiting
-        returncode = await self._kill_and_reap(child)
-        if self._stopping:
-            return  # what it still holds is the caller's to give back
-        metrics.WORKER_RESTARTS.labels(self.queue, restart_reason(child, returncode)).inc()
-        await self._report_death(child, returncode)
 
     async def _finish(self, child: _Child, done: Done) -> None:
-        held = child.held.get(done.job_id)
-        if held is None or held.job.fence != done.fence:
+        key = (done.job_id, done.fence)
+        held = child.held.get(key)
+        if held is None:
             log.warning("worker %d reported job %d, which it does not hold", child.pid,
                         done.job_id)  # fmt: skip
             return
@@ -454,8 +563,9 @@ class WorkerPool:
         )  # fmt: skip
         await self.outcomes.send(outcome)  # bounded: a slow completer slows us here
         # Only now is the slot free: until the outcome is handed over the job is held.
-        del child.held[done.job_id]
-        if child.suspect == done.job_id:
+        if child.held.pop(key, None) is None:
+            return  # given back meanwhile (at a drain deadline)
+        if child.suspect == key:
             child.suspect = None
         child.jobs_done += 1
         limit = self.config.max_jobs_per_process
@@ -503,21 +613,22 @@ class WorkerPool:
             level, "queue %s: worker process %d: %s; %d jobs lost with it",
             self.queue, child.pid, reason, len(child.held),
             extra={"event": "worker.died", "queue": self.queue, "pid": child.pid,
-                   "jobs": sorted(child.held)},
+                   "jobs": sorted(job_id for job_id, _ in child.held)},
         )  # fmt: skip
         now = anyio.current_time()
         child.crashed_jobs = len(child.held)
-        for job_id, held in list(child.held.items()):
+        for key, held in list(child.held.items()):
             message = reason
-            if child.overdue_job is not None and job_id != child.overdue_job:
-                message = f"{reason} (job {child.overdue_job} in the same process)"
+            if child.overdue_job is not None and key != child.overdue_job:
+                message = f"{reason} (job {child.overdue_job[0]} in the same process)"
+            if child.held.pop(key, None) is None:
+                continue  # given back meanwhile
             await self.outcomes.send(
                 Outcome(
                     held.job, "crashed", duration_s=now - held.sent_at,
                     error_class="WorkerCrashed", error_message=message,
                 )
             )  # fmt: skip
-            del child.held[job_id]
             self._notify_changed()
 
     async def _watchdog(self) -> None:
@@ -530,9 +641,9 @@ class WorkerPool:
             for child in list(self._children.values()):
                 if child.kill_reason is not None:
                     continue
-                for job_id, held in child.held.items():
+                for key, held in child.held.items():
                     if held.deadline <= now:
-                        child.overdue_job = job_id
+                        child.overdue_job = key
                         self._kill(
                             child,
                             f"killed after the job ran past its timeout of "
@@ -553,16 +664,16 @@ class WorkerPool:
         if child.process.returncode is None:
             log.warning("queue %s: worker process %d %s", self.queue, child.pid, reason,
                         extra={"event": "worker.killed", "queue": self.queue})  # fmt: skip
-            with contextlib.suppress(ProcessLookupError):
-                child.process.kill()
+            kill_group(child.process)
 
     async def _kill_and_reap(self, child: _Child) -> int | None:
-        """SIGKILL the child if it still runs, wait for it, close its pipes; its status."""
-        if child.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                child.process.kill()
+        """SIGKILL the child's process group (the child too, if it still runs: and in
+        any case what a handler left behind in its group), wait for the child, close its
+        pipes; its status."""
+        kill_group(child.process)
         with anyio.CancelScope(shield=True):
             await child.process.aclose()  # closes stdin and stdout, waits for the exit
+        _tree.worker_pids.discard(child.pid)
         return child.process.returncode
 
     async def _send_quietly(self, child: _Child, message: Cancel | Stop) -> None:
@@ -590,8 +701,7 @@ class WorkerPool:
                         self.queue, child.pid, len(child.held), self.grace_s,
                         extra={"event": "worker.stop_timeout", "queue": self.queue},
                     )  # fmt: skip
-                with contextlib.suppress(ProcessLookupError):
-                    child.process.kill()
+                kill_group(child.process)
         with anyio.move_on_after(2.0):
             for event in ended:
                 await event.wait()
@@ -613,6 +723,100 @@ class WorkerPool:
     def _notify_deadlines(self) -> None:
         if self._deadlines_changed is not None:
             self._deadlines_changed.set()
+
+
+class _ProcessTree:
+    """The worker processes of every pool in this process, for kill_strays to spare."""
+
+    def __init__(self) -> None:
+        self.worker_pids: set[int] = set()
+        self.spawning = 0  # being started: their pids are not known yet
+        self.strays_seen: set[int] = set()  # killed, not reaped yet: logged once
+
+
+_tree = _ProcessTree()
+
+
+def kill_group(process: Process) -> None:
+    """SIGKILL a child's process group (it leads one: started in a session of its own).
+    Called while the child is unreaped, or right after: its group id cannot have been
+    reused while any process of the group lives."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+
+
+def become_subreaper() -> bool:
+    """Make this process a child subreaper (Linux): descendants orphaned by their parent
+    (a handler's double fork, a worker's death) become its children, for kill_strays to
+    end. False where the platform does not have it."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def children(pid: int | None = None) -> set[int]:
+    """The pids of a process's children (Linux /proc), zombies included."""
+    pid = os.getpid() if pid is None else pid
+    found: set[int] = set()
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as listing:
+                found.update(int(p) for p in listing.read().split())
+        return found
+    except FileNotFoundError:
+        pass  # no such process or task (or a kernel without the children file)
+    except OSError:
+        return found
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as stat:
+                    fields = stat.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[1]) == pid:
+                found.add(int(entry))
+    return found
+
+
+def kill_strays(*, spare_workers: bool = True) -> list[int]:
+    """SIGKILL every child of this process that is not a worker process (with its
+    process group, if it leads one other than ours) and reap the ones that have ended.
+    Such children are descendants a handler started that outlived their parents and
+    were reparented here (see become_subreaper). Returns the pids found."""
+    if spare_workers and _tree.spawning:
+        return []  # a new worker's pid is not known yet: look again later
+    own_group = os.getpgrp()
+    strays = sorted(children() - (_tree.worker_pids if spare_workers else set()))
+    for pid in strays:
+        with contextlib.suppress(OSError):
+            group = os.getpgid(pid)
+            if group == pid and group != own_group:
+                os.killpg(group, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    reaped: set[int] = set()
+    for pid in strays:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                reaped.add(pid)
+    new = [pid for pid in strays if pid not in _tree.strays_seen]
+    _tree.strays_seen.update(strays)
+    _tree.strays_seen.difference_update(reaped)
+    if new:
+        log.warning(
+            "killed %d processes left behind by handlers: pids %s",
+            len(new), ", ".join(map(str, new[:20])),
+            extra={"event": "worker.strays_killed", "pids": new[:100]},
+        )  # fmt: skip
+    return strays
 
 
 def restart_reason(child: _Child, returncode: int | None) -> str:
@@ -646,4 +850,4 @@ def describe_exit(returncode: int | None) -> str:
     return f"signal {-returncode} ({name})"
 
 
-__all__ = ["WorkerPool", "describe_exit"]
+__all__ = ["WorkerPool", "become_subreaper", "describe_exit", "kill_strays"]

@@ -13,11 +13,14 @@ on stdin and leave as Done frames on the original stdout (see pgjobd.protocol).
 - A handler module that fails to import: the error goes to stderr and, as BootFailed, to
   the parent; the process exits with status 3 (EXIT_BOOT), which the parent treats as a
   boot failure rather than a crash.
-- Signals: SIGINT is ignored (a terminal's Ctrl-C reaches the whole foreground process
-  group; the parent drives shutdown). SIGTERM, Stop or the end of input (the parent is
-  gone): take no more work, finish the jobs held, exit 0. Without a parent, a job that
-  does not end within its timeout (plus ORPHAN_GRACE_S) is abandoned and the process
-  exits 1. SIGUSR1 dumps every thread's stack to stderr (faulthandler).
+- Signals: SIGTERM, SIGINT and SIGHUP are ignored: the parent drives shutdown (it starts
+  each worker in a session of its own, but a signal sent to every process of a cgroup,
+  as init systems do, must not stop a worker behind the parent's back). Stop or the end
+  of input (the parent is gone): take no more work, finish the jobs held, exit 0.
+  Without a parent, a job that does not end within its timeout (plus ORPHAN_GRACE_S) is
+  abandoned and the process exits 1. A write that finds the pipe to the parent broken
+  (a handler closed it) ends the process at once, status 4. SIGUSR1 dumps every
+  thread's stack to stderr (faulthandler).
 - async handlers run as tasks, cancelled at their timeout (reported as failed,
   TimeoutError). `def` handlers run in daemon threads, which cannot be interrupted: the
   child keeps holding such a job past its timeout, and the parent kills the process when
@@ -75,6 +78,9 @@ from pgjobd.protocol import (
 EXIT_OK = 0
 EXIT_ABANDONED = 1
 EXIT_BOOT = 3
+# The pipe to the parent broke under a write (a handler closed or took over the
+# descriptor): no outcome can reach the parent any more, so end at once.
+EXIT_CHANNEL_BROKEN = 4
 ORPHAN_GRACE_S = 5.0
 MAX_RESULT_BYTES = 1024 * 1024
 MAX_MESSAGE_CHARS = 4096
@@ -104,6 +110,7 @@ def command(args: argparse.Namespace) -> int:
 def main(queue: str, handler_dirs: Sequence[Path], slots: int) -> int:
     frames_in, frames_out = _take_standard_streams()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # reloads are the supervisor's business
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     if not logging.getLogger().handlers:
@@ -154,28 +161,17 @@ class Worker:
         self.registry = registry
         self.slots = slots
         # Each held job's ctx.cancelled, made when its Run arrives: a Cancel may follow
-        # before the job's task has started.
-        self._cancelled: dict[int, threading.Event] = {}
-        self._deadlines: dict[int, float] = {}
+        # before the job's task has started. By (id, fence): a job may be held twice,
+        # when its lease ran out and this member claimed it again.
+        self._cancelled: dict[tuple[int, int], threading.Event] = {}
+        self._deadlines: dict[tuple[int, int], float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
 
     async def serve(self, frames_in: int, frames_out: int) -> int:
         channel = await ChildChannel.open(frames_in, frames_out)
-        loop = asyncio.get_running_loop()
-        reading = asyncio.current_task()
+        channel.on_broken = _channel_broken
         orphaned = False
-        in_loop = True
-
-        def on_sigterm() -> None:
-            if self._stopping:
-                return
-            log.info("SIGTERM: finishing the jobs held, then exiting")
-            self._stopping = True
-            if reading is not None and in_loop:
-                reading.cancel()
-
-        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
         await channel.send(
             Ready(pid=os.getpid(), kinds=[kind_info(s) for s in self.registry.values()])
         )
@@ -183,26 +179,23 @@ class Worker:
             while not self._stopping:
                 message = await channel.receive()
                 if isinstance(message, Run):
-                    self._cancelled[message.job.id] = threading.Event()
+                    key = (message.job.id, message.job.fence)
+                    self._cancelled[key] = threading.Event()
                     task = asyncio.create_task(self._run(channel, message))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
                 elif isinstance(message, Cancel):
-                    cancelled = self._cancelled.get(message.job_id)
+                    cancelled = self._cancelled.get((message.job_id, message.fence))
                     if cancelled is not None:
                         cancelled.set()
                 elif isinstance(message, Stop):
                     self._stopping = True
-        except asyncio.CancelledError:
-            if reading is not None:
-                reading.uncancel()  # SIGTERM: stop reading, as on Stop
         except EOFError:
             orphaned = True
             log.warning("input closed: the supervisor is gone; finishing the jobs held")
         except ProtocolError as e:
             orphaned = True
             log.error("unreadable input from the supervisor: %s", e)
-        in_loop = False
         return await self._finish(orphaned)
 
     async def _finish(self, orphaned: bool) -> int:
@@ -224,7 +217,8 @@ class Worker:
 
     async def _run(self, channel: ChildChannel, run: Run) -> None:
         job = run.job
-        self._deadlines[job.id] = time.monotonic() + run.timeout_s
+        key = (job.id, job.fence)
+        self._deadlines[key] = time.monotonic() + run.timeout_s
         try:
             done = await self.execute(run)
         except Exception as e:  # a bug here must not leave the job held forever
@@ -232,12 +226,13 @@ class Worker:
             done = Done(job.id, job.fence, "failed", 0.0, error_class="pgjobd.WorkerError",
                         error_message=f"internal worker error: {e!r}")  # fmt: skip
         finally:
-            self._cancelled.pop(job.id, None)
-            self._deadlines.pop(job.id, None)
+            self._cancelled.pop(key, None)
+            self._deadlines.pop(key, None)
         try:
             await channel.send(done)
         except (OSError, RuntimeError) as e:
             log.error("job %d: cannot report its outcome (%s): %s", job.id, done.kind, e)
+            _channel_broken()
 
     async def execute(self, run: Run) -> Done:
         """Run one job to its Done: convert the args, call the handler, map the result."""
@@ -264,7 +259,7 @@ class Worker:
         except ArgsError as e:
             return done("invalid_args", error_class="pgjobd.ArgsError", error_message=str(e))
 
-        ctx = _context(job, self._cancelled.setdefault(job.id, threading.Event()))
+        ctx = _context(job, self._cancelled.setdefault((job.id, job.fence), threading.Event()))
         # Every line logged while the job runs (any logger, print in JSON mode) names it.
         pgjobd_log.job_fields.set(
             {"job_id": job.id, "kind": job.kind, "queue": job.queue, "attempt": job.attempt}
@@ -298,6 +293,12 @@ class Worker:
             kind = "discarded" if isinstance(e, spec.discard_on) else "failed"
             return done(kind, **_error_fields(e))
         return done("completed", result=_encode_result(value, ctx))
+
+
+def _channel_broken() -> None:
+    log.error("the pipe to the supervisor is broken (closed by a handler?): exiting")
+    logging.shutdown()
+    os._exit(EXIT_CHANNEL_BROKEN)
 
 
 def _being_cancelled() -> bool:

@@ -74,7 +74,7 @@ async def start_member(
 
     async def start(
         queues: str = DEFAULT_QUEUES, daemon: str = "", handlers: Path = HANDLERS,
-        wait_ready: bool = True, server_dsn: str | None = None,
+        wait_ready: bool = True, server_dsn: str | None = None, new_session: bool = False,
     ) -> MemberProcess:  # fmt: skip
         index = len(started)
         # Defaults for what `daemon` does not set itself.
@@ -91,7 +91,7 @@ async def start_member(
         with log_path.open("wb") as log_file:
             process = await anyio.open_process(
                 [sys.executable, "-m", "pgjobd", "run", "--config", str(config)],
-                stdout=log_file, stderr=log_file, env=env,
+                stdout=log_file, stderr=log_file, env=env, start_new_session=new_session,
             )  # fmt: skip
         member = MemberProcess(process, log_path)
         started.append(member)

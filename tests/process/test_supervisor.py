@@ -199,7 +199,7 @@ async def test_process_exit_is_a_crash_and_spares_other_processes(tmp_path: Path
         assert crashed.job == doomed
         assert (crashed.kind, crashed.error_class) == ("crashed", "WorkerCrashed")
         assert crashed.error_message == "worker process exited: exit status 1"
-        assert set(h.pool.held()) == {survivor.id}
+        assert set(h.pool.held()) == {(survivor.id, survivor.fence)}
 
         flag.touch()
         done = await h.outcome()
@@ -243,7 +243,7 @@ async def test_concurrency_is_split_across_processes(tmp_path: Path) -> None:
         for job in jobs:
             await h.submit(job)
         assert h.pool.free_slots() == 0
-        assert set(h.pool.held()) == {job.id for job in jobs}
+        assert set(h.pool.held()) == {(job.id, job.fence) for job in jobs}
         outcomes = [await h.outcome() for _ in jobs]
         assert {o.kind for o in outcomes} == {"completed"}
         pids = [msgspec.json.decode(o.result or b"0") for o in outcomes]
@@ -254,8 +254,8 @@ async def test_concurrency_is_split_across_processes(tmp_path: Path) -> None:
 async def test_cancel_sets_ctx_cancelled(tmp_path: Path) -> None:
     async with running_pool(tmp_path) as h:
         await h.submit(job := make_job("wait_cancel"))
-        h.pool.cancel(job.id)
-        h.pool.cancel(999_999_999)  # not held: nothing happens
+        h.pool.cancel((job.id, job.fence))
+        h.pool.cancel((999_999_999, 1))  # not held: nothing happens
         outcome = await h.outcome()
         assert (outcome.job, outcome.kind, outcome.result) == (job, "completed", b'"cancelled"')
 
@@ -274,7 +274,7 @@ async def test_stopping_lets_short_jobs_finish_and_leaves_the_rest_held(tmp_path
             tg.cancel_scope.cancel()
     # The quick job's outcome was delivered during the grace period; the stuck one was
     # killed with its process but is not reported: it is the caller's to give back.
-    assert (receive.receive_nowait().job, pool.held()) == (quick, {stuck.id: stuck})
+    assert (receive.receive_nowait().job, pool.held()) == (quick, {(stuck.id, stuck.fence): stuck})
     with pytest.raises(anyio.WouldBlock):
         receive.receive_nowait()
 

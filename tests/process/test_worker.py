@@ -71,7 +71,9 @@ async def test_import_failure_exits_3(tmp_path: Path) -> None:
     assert b"bad.py" in result.stderr and b"no_such_module_here" in result.stderr
 
 
-async def test_sigterm_is_a_stop_and_sigint_is_ignored(tmp_path: Path) -> None:
+async def test_sigterm_and_sigint_are_ignored(tmp_path: Path) -> None:
+    """The parent drives shutdown: a signal sent to every process (a cgroup's, a
+    process group's) must not stop a worker behind its back."""
     process, channel, _ = await start_worker(tmp_path)
     flag, started = tmp_path / "go", tmp_path / "started"
     job = make_job("wait_file", {"path": str(flag), "started": str(started)})
@@ -80,10 +82,17 @@ async def test_sigterm_is_a_stop_and_sigint_is_ignored(tmp_path: Path) -> None:
         with anyio.fail_after(WAIT_S):
             while not started.exists():  # noqa: ASYNC110 - polled under a deadline
                 await anyio.sleep(0.01)
-        process.send_signal(signal.SIGINT)  # a terminal's Ctrl-C: the parent decides
+        process.send_signal(signal.SIGINT)
         process.send_signal(signal.SIGTERM)
         flag.touch()
         with anyio.fail_after(WAIT_S):
             done = await channel.receive()
             assert isinstance(done, Done) and done.kind == "completed"
+        later = make_job("add", {"a": 1, "b": 2})  # still taking work
+        await channel.send(Run(job=later, timeout_s=30))
+        with anyio.fail_after(WAIT_S):
+            done = await channel.receive()
+            assert isinstance(done, Done) and (done.job_id, done.kind) == (later.id, "completed")
+        await channel.send(Stop())
+        with anyio.fail_after(WAIT_S):
             assert await process.wait() == 0
