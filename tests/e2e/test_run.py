@@ -281,15 +281,25 @@ async def test_systemd_hears_ready_watchdog_and_stopping(
                 heard.extend(listener.recv(4096).decode().split("\n"))
         return heard
 
+    async def keep_draining() -> None:
+        # A datagram socket queues only a few messages: unread, the member's next ping
+        # would block it (as an unresponsive systemd would).
+        while True:
+            drain_socket()
+            await anyio.sleep(0.02)
+
     monkeypatch.setenv("NOTIFY_SOCKET", address)
     monkeypatch.setenv("WATCHDOG_USEC", "200000")
     try:
-        member = await start_member()
-        await wait_until(lambda: "READY=1" in drain_socket(), what="READY=1")
-        await wait_until(lambda: drain_socket().count("WATCHDOG=1") >= 3, what="watchdog pings")
-        assert await member.stop() == 0
-        assert "STOPPING=1" in drain_socket()
-        assert drain_socket().index("READY=1") < drain_socket().index("STOPPING=1")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(keep_draining)
+            member = await start_member()
+            await wait_until(lambda: "READY=1" in drain_socket(), what="READY=1")
+            await wait_until(lambda: drain_socket().count("WATCHDOG=1") >= 3, what="watchdog pings")
+            assert await member.stop() == 0
+            assert "STOPPING=1" in drain_socket()
+            assert drain_socket().index("READY=1") < drain_socket().index("STOPPING=1")
+            tg.cancel_scope.cancel()
     finally:
         listener.close()
 
