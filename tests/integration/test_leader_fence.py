@@ -191,7 +191,7 @@ async def test_the_reaper_waits_one_lease_into_its_term(
 ) -> None:
     # After an outage the leader's session is new, and so is its term: each member gets
     # one lease of database time to record what it finished meanwhile and renew.
-    lease = timedelta(seconds=2)
+    lease = timedelta(seconds=4)
     _, ctx = await leaders.elect(lease=lease)
     job_id = await _expired_job(conn, schema)
     reaper = Reaper()
