@@ -121,6 +121,7 @@ class _Child:
     # kills the process again, it takes no job that arrived after it down with it.
     suspect: JobKey | None = None
     served: anyio.Event = field(default_factory=anyio.Event)  # set when its end is settled
+    handing_over: bool = False  # an outcome it reported is being passed on
 
     @property
     def pid(self) -> int:
@@ -496,11 +497,10 @@ class WorkerPool:
         may stay open after it (a descendant holding the pipe), or end before it."""
         either = anyio.Event()
         output_ended = anyio.Event()
-        receiving: list[anyio.CancelScope] = []  # the receive in progress, if any
 
         async def read() -> None:
             try:
-                await self._read_frames(child, receiving)
+                await self._read_frames(child)
             finally:
                 output_ended.set()
                 either.set()
@@ -521,23 +521,22 @@ class WorkerPool:
             else:
                 with anyio.move_on_after(READ_AFTER_EXIT_S):
                     await output_ended.wait()  # the frames it wrote before it exited
-            # Stop reading, but let an outcome being handed over arrive.
-            for scope in receiving:
-                scope.cancel()
-            await output_ended.wait()
+            # Stop reading, but let an outcome being handed over arrive. (Polled: this
+            # path is rare, and an Event per outcome would cost the hot path.)
+            while child.handing_over and not output_ended.is_set():  # noqa: ASYNC110
+                await anyio.sleep(0.01)
             tg.cancel_scope.cancel()
 
-    async def _read_frames(self, child: _Child, receiving: list[anyio.CancelScope]) -> None:
+    async def _read_frames(self, child: _Child) -> None:
         try:
             while True:
-                with anyio.CancelScope() as scope:
-                    receiving.append(scope)
-                    message = await child.channel.receive()
-                receiving.clear()
-                if scope.cancel_called:
-                    return
+                message = await child.channel.receive()
                 if isinstance(message, Done):
-                    await self._finish(child, message)
+                    child.handing_over = True
+                    try:
+                        await self._finish(child, message)
+                    finally:
+                        child.handing_over = False
                 else:
                     log.warning("worker %d sent an unexpected %s", child.pid,
                                 type(message).__name__)  # fmt: skip
