@@ -441,6 +441,7 @@ async def test_past_partitions_for_a_given_day_across_a_month_end(
 
     assert created == 2 * migrate.PARTITION_DAYS_BACK
     assert again == 0
+    await conn.execute("SET TIME ZONE 'UTC'")  # the bounds are printed in the session's
     bounds = await conn.fetchval(
         "SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_class c WHERE c.oid = $1::regclass",
         f"{schema}.job_history_p20260228",
