@@ -14,6 +14,8 @@ documented in docs/cli.md.
 from __future__ import annotations
 
 import getpass
+import json
+import math
 import os
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -239,7 +241,36 @@ T = TypeVar("T")
 
 def _with_args(row: Mapping[str, Any], into: type[T]) -> T:
     """A row whose `args` column is JSON text, as a Struct (unknown columns ignored)."""
-    return msgspec.convert({**row, "args": msgspec.json.decode(row["args"])}, into)
+    return msgspec.convert({**row, "args": read_json(row["args"])}, into)
+
+
+def read_json(text: str) -> Any:
+    """JSON text PostgreSQL stored, for display: never fails on what jsonb accepts.
+
+    jsonb holds numbers beyond a float's range and integers of thousands of digits,
+    which msgspec refuses; those are shown as their text. Nesting too deep for Python
+    (the SQL functions refuse more than 100 levels; a direct INSERT might not) gives
+    ``{"pgjobd_unreadable_json": <the text>}``."""
+    try:
+        return msgspec.json.decode(text)
+    except (msgspec.DecodeError, RecursionError):
+        pass
+    try:
+        return json.loads(text, parse_int=_int_or_text, parse_float=_float_or_text)
+    except (ValueError, RecursionError):
+        return {"pgjobd_unreadable_json": text}
+
+
+def _int_or_text(text: str) -> int | str:
+    try:
+        return int(text)
+    except ValueError:  # more digits than int() converts
+        return text
+
+
+def _float_or_text(text: str) -> float | str:
+    value = float(text)
+    return value if math.isfinite(value) else text
 
 
 async def _audit(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -209,9 +210,15 @@ def _check_config(args: argparse.Namespace) -> int:
 
 def _enqueue(args: argparse.Namespace) -> int:
     try:
-        job_args = json.loads(args.args_json)
+        job_args = json.loads(args.args_json, parse_constant=_not_json, parse_float=_finite_float)
     except json.JSONDecodeError as e:
         _fail(f"JSON: not valid JSON: {e}")
+        return EXIT_USAGE
+    except ValueError as e:  # _not_json, _finite_float, an integer of too many digits
+        _fail(f"JSON: {e}")
+        return EXIT_USAGE
+    except RecursionError:
+        _fail("JSON: nested too deeply")
         return EXIT_USAGE
     run_at = _parse_time(args.at) if args.at else None
     cfg = _load_config(args)
@@ -234,6 +241,17 @@ def _enqueue(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return _run(run)
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON (JSON numbers are finite)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
 
 
 def _parse_time(text: str) -> datetime:

@@ -8,8 +8,9 @@ which measured about twice as fast (bench/enqueue.py).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, Literal, NamedTuple, Self
 
@@ -25,8 +26,17 @@ from pgjobd.handlers import Registry
 from pgjobd.names import kind_name_problem, queue_name_problem, schema_name_problem
 from pgjobd.queries import Queries, for_schema
 
+# The limits of what a job may hold, as the SQL functions and the job table check them
+# (migrations 0002 and 0005): what every member, role and admin command can read back.
 MAX_ARGS_BYTES = 65536
+MAX_ARGS_DEPTH = 100  # no value at nesting level 100 (the args object is level 0)
 MAX_UNIQUE_KEY_BYTES = 512
+MAX_TENANT_BYTES = 256
+MAX_KIND_CHARS = 128
+MAX_MAX_ATTEMPTS = 2**31 - 1
+EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
+RUN_AT_BEFORE = datetime(9999, 1, 1, tzinfo=UTC)
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_ATTEMPTS = 20
 OnConflict = Literal["return", "raise"]
@@ -34,6 +44,10 @@ _COPY_COLUMNS = (
     "id", "state", "queue", "kind", "priority", "run_at", "args", "max_attempts", "tenant",
 )  # fmt: skip
 _json_encoder = msgspec.json.Encoder()
+# A "\u0000" escape in JSON text: preceded by an even number of backslashes (an odd
+# number means the backslash itself is escaped and "u0000" is plain text).
+_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 
 
 class JobSpec(msgspec.Struct, frozen=True):
@@ -229,8 +243,8 @@ class Client:
         for position, item in enumerate(jobs, start=1):
             if type(item) is tuple and len(item) == 2:
                 kind, args = item
-                if not isinstance(kind, str) or kind_name_problem(kind):
-                    raise EnqueueError(f"job {position}: {_kind_problem(kind)}")
+                if problem := _kind_problem(kind):
+                    raise EnqueueError(f"job {position}: {problem}")
                 args_json = self._encode_args(kind, {} if args is None else args, position)
                 checked.append(
                     _Checked(kind, args_json, shared.queue, shared.priority, shared.delay,
@@ -248,6 +262,10 @@ class Client:
 
     async def job(self, job_id: int) -> JobInfo | None:
         """The job with this id, live or finished, or None if there is none."""
+        if not _is_int(job_id):
+            raise TypeError(f"job ids are integers, got {_shown(job_id)}")
+        if not _INT64_MIN <= job_id <= _INT64_MAX:
+            return None  # no job has an id beyond a bigint
         await self.check_schema()
         async with self.pool.acquire() as conn:
             row = await conn.fetchrow(self._q["job_get"], job_id)
@@ -257,7 +275,7 @@ class Client:
         record = dict(row)
         for column in ("args", "result"):
             if record[column] is not None:
-                record[column] = msgspec.json.decode(record[column])
+                record[column] = admin.read_json(record[column])
         record["errors"] = [dict(a) for a in attempts]
         return msgspec.convert(record, JobInfo)
 
@@ -266,6 +284,7 @@ class Client:
         is asked to stop ("cancel_requested": its handler's ctx.cancelled is set, and
         unless it completes it ends cancelled); a finished one is left ("already_final").
         Audited; raises pgjobd.admin.UnknownJobs for an unknown id."""
+        _check_job_id(job_id)
         await self.check_schema()
         done = await admin.cancel_jobs(self.pool, self.schema, [job_id], user=admin.os_user())
         return done.jobs[0].outcome
@@ -276,6 +295,7 @@ class Client:
         ("made_available"); "already_available" and "running" change nothing. Audited;
         raises pgjobd.admin.UnknownJobs for an unknown id, RetryBlocked when a live job
         holds its unique_key."""
+        _check_job_id(job_id)
         await self.check_schema()
         done = await admin.retry_jobs(self.pool, self.schema, [job_id], user=admin.os_user())
         return done.jobs[0].outcome
@@ -284,8 +304,8 @@ class Client:
 
     def _check(self, spec: JobSpec, position: int | None) -> _Checked:
         reject = _rejecter(position)
-        if not isinstance(spec.kind, str) or kind_name_problem(spec.kind):
-            raise reject(_kind_problem(spec.kind))
+        if problem := _kind_problem(spec.kind):
+            raise reject(problem)
         args_json = self._encode_args(spec.kind, spec.args, position)
         return _checked_options(spec, reject)._replace(kind=spec.kind, args_json=args_json)
 
@@ -295,6 +315,8 @@ class Client:
             encoded = _json_encoder.encode(args)
         except (TypeError, ValueError) as e:
             raise _rejecter(position)(f"args are not JSON-encodable: {e}") from None
+        except RecursionError:
+            raise _rejecter(position)(_TOO_DEEP) from None
         if not encoded.startswith(b"{") or len(encoded) > MAX_ARGS_BYTES:
             reject = _rejecter(position)
             if not encoded.startswith(b"{"):
@@ -303,6 +325,12 @@ class Client:
             raise reject(
                 f"args JSON text is {len(encoded)} bytes, over the {MAX_ARGS_BYTES}-byte limit"
             )
+        if b"\\u0000" in encoded and _NUL_ESCAPE.search(encoded):
+            raise _rejecter(position)(
+                "args contain a NUL character (\\u0000), which PostgreSQL cannot store"
+            )
+        if _too_deep(encoded):
+            raise _rejecter(position)(_TOO_DEEP)
         if self.handlers is not None:
             reject = _rejecter(position)
             handler = self.handlers.get(kind)
@@ -353,12 +381,14 @@ class Client:
             )
         }
         ids: list[int] = prep["ids"]
-        records = []
+        records: list[tuple[Any, ...]] = []
         ready_queues = set()
         for job_id, job in zip(ids, jobs, strict=True):
             kind_queue, kind_priority, kind_attempts = declared.get(job.kind, (None, None, None))
             queue = job.queue or kind_queue or DEFAULT_QUEUE
             run_at = job.run_at or (now + job.delay if job.delay else now)
+            if run_at >= RUN_AT_BEFORE:  # a delay that fit by this host's clock only
+                raise EnqueueError(f"job {len(records) + 1}: {_delay_too_long(job.delay)}")
             if run_at <= now:
                 state = "available"
                 ready_queues.add(queue)
@@ -488,16 +518,19 @@ def _with_defaults(spec: JobSpec, defaults: Mapping[str, Any]) -> JobSpec:
 
 def _checked_options(spec: JobSpec, reject: Callable[[str], EnqueueError]) -> _Checked:
     """The spec's options, checked; kind and args are left empty for the caller."""
-    if spec.queue is not None and (problem := queue_name_problem(spec.queue)):
+    if spec.queue is not None and (problem := _queue_problem(spec.queue)):
         raise reject(problem)
     if spec.priority is not None and not (
         _is_int(spec.priority) and -32768 <= spec.priority <= 32767
     ):
         raise reject(f"priority must be an int from -32768 to 32767, got {spec.priority!r}")
     if spec.max_attempts is not None and not (
-        _is_int(spec.max_attempts) and spec.max_attempts >= 1
+        _is_int(spec.max_attempts) and 1 <= spec.max_attempts <= MAX_MAX_ATTEMPTS
     ):
-        raise reject(f"max_attempts must be an int of at least 1, got {spec.max_attempts!r}")
+        raise reject(
+            f"max_attempts must be an int from 1 to {MAX_MAX_ATTEMPTS}, "
+            f"got {_shown(spec.max_attempts)}"
+        )
     delay = None
     if spec.delay is not None:
         if spec.run_at is not None:
@@ -508,16 +541,28 @@ def _checked_options(spec: JobSpec, reject: Callable[[str], EnqueueError]) -> _C
             raise reject(f"invalid delay: {e}") from None
         if delay < timedelta(0):
             raise reject(f"delay must not be negative, got {spec.delay!r}")
-    if spec.run_at is not None and (
-        not isinstance(spec.run_at, datetime) or spec.run_at.utcoffset() is None
-    ):
-        raise reject(f"run_at must be a timezone-aware datetime, got {spec.run_at!r}")
+        try:
+            too_long = datetime.now(UTC) + delay >= RUN_AT_BEFORE
+        except OverflowError:
+            too_long = True
+        if too_long:
+            raise reject(_delay_too_long(spec.delay))
+    if spec.run_at is not None:
+        if not isinstance(spec.run_at, datetime) or spec.run_at.utcoffset() is None:
+            raise reject(f"run_at must be a timezone-aware datetime, got {_shown(spec.run_at)}")
+        if not EARLIEST_RUN_AT <= spec.run_at < RUN_AT_BEFORE:
+            raise reject(
+                f"run_at {spec.run_at.isoformat()} is out of range: expected a time from "
+                "1970-01-01 up to (not including) 9999-01-01 UTC"
+            )
     if spec.unique_key is not None and (
-        not isinstance(spec.unique_key, str) or len(spec.unique_key.encode()) > MAX_UNIQUE_KEY_BYTES
+        problem := _text_problem("unique_key", spec.unique_key, MAX_UNIQUE_KEY_BYTES)
     ):
-        raise reject(f"unique_key must be a str of at most {MAX_UNIQUE_KEY_BYTES} bytes")
-    if spec.tenant is not None and not isinstance(spec.tenant, str):
-        raise reject(f"tenant must be a str, got {spec.tenant!r}")
+        raise reject(problem)
+    if spec.tenant is not None and (
+        problem := _text_problem("tenant", spec.tenant, MAX_TENANT_BYTES)
+    ):
+        raise reject(problem)
     return _Checked("", "", spec.queue, spec.priority, delay, spec.run_at,
                     spec.tenant, spec.unique_key, spec.max_attempts)  # fmt: skip
 
@@ -527,10 +572,77 @@ def _rejecter(position: int | None) -> Callable[[str], EnqueueError]:
     return lambda message: EnqueueError(f"{where}{message}")
 
 
-def _kind_problem(kind: object) -> str:
-    if isinstance(kind, str):
-        return kind_name_problem(kind) or ""
-    return f"kind must be a str, got {kind!r}"
+def _kind_problem(kind: object) -> str | None:
+    if not isinstance(kind, str):
+        return f"kind must be a str, got {_shown(kind)}"
+    if len(kind) > MAX_KIND_CHARS:  # not worth a place in kind_name_problem's cache
+        return f"invalid job kind {_shown(kind)}: over {MAX_KIND_CHARS} characters"
+    return kind_name_problem(kind)
+
+
+def _queue_problem(queue: object) -> str | None:
+    if not isinstance(queue, str):
+        return f"queue must be a str, got {_shown(queue)}"
+    if len(queue) > 64:
+        return f"invalid queue name {_shown(queue)}: over 64 characters"
+    return queue_name_problem(queue)
+
+
+def _text_problem(name: str, value: object, max_bytes: int) -> str | None:
+    """Why `value` cannot be stored as the text option `name`, or None."""
+    if not isinstance(value, str):
+        return f"{name} must be a str, got {_shown(value)}"
+    if "\x00" in value:
+        return f"{name} must not contain NUL characters, which PostgreSQL cannot store"
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        return f"{name} is not valid Unicode (it holds a lone surrogate): {_shown(value)}"
+    if size == 0:
+        return f"{name} must not be empty (leave it out for none)"
+    if size > max_bytes:
+        return f"{name} is {size} bytes, over the {max_bytes}-byte limit"
+    return None
+
+
+_TOO_DEEP = f"args are nested more than {MAX_ARGS_DEPTH} levels deep"
+
+
+def _too_deep(encoded: bytes) -> bool:
+    """Does this JSON object hold a value at nesting level MAX_ARGS_DEPTH (the object
+    itself is level 0)? The rule jsonb_path_exists(args, 'strict $.**{100}') applies."""
+    if encoded.count(b"[") + encoded.count(b"{") < MAX_ARGS_DEPTH:
+        return False  # too few containers; the common case, at C speed
+    # Strings become one '"' each, then a key (a string before ':') goes: what is left
+    # is brackets, separators and the scalar values' characters.
+    tokens = _JSON_STRING.sub(b'"', encoded).replace(b'":', b":")
+    depth = 0
+    for byte in tokens:
+        if byte in b"]}":
+            depth -= 1
+        elif byte not in b",: \t\r\n":
+            if depth >= MAX_ARGS_DEPTH:
+                return True
+            if byte in b"[{":
+                depth += 1
+    return False
+
+
+def _delay_too_long(delay: object) -> str:
+    return f"delay {_shown(delay)} is too long: the job would run on or after 9999-01-01"
+
+
+def _check_job_id(job_id: object) -> None:
+    if not _is_int(job_id):
+        raise TypeError(f"job ids are integers, got {_shown(job_id)}")
+    if not _INT64_MIN <= job_id <= _INT64_MAX:  # type: ignore[operator]
+        raise admin.UnknownJobs([job_id])  # type: ignore[list-item]
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    """repr(value), cut short: an error message must not echo megabytes back."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-2:]}"
 
 
 def _is_int(value: object) -> bool:
