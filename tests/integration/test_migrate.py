@@ -522,3 +522,29 @@ async def test_a_member_does_not_start_on_a_schema_missing_an_object(
     assert result.returncode == 1
     stderr = result.stderr.decode()
     assert f"function {schema}.partitions_ensure(days_ahead integer) is missing" in stderr
+
+
+async def test_migrations_that_only_build_committed_one_by_one_are_applied_unverified(
+    conn: asyncpg.Connection, scratch_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An enum value added by one migration and used by the next cannot be built in the
+    single scratch transaction: migrate says the comparison was skipped, and works."""
+    shipped = migrate.available()
+    n = len(shipped)
+    added = [
+        migrate.Migration(n + 1, "parked", "ALTER TYPE {{schema}}.job_state ADD VALUE 'parked';"),
+        migrate.Migration(
+            n + 2, "use_parked",
+            "CREATE FUNCTION {{schema}}.parked() RETURNS {{schema}}.job_state LANGUAGE sql "
+            "AS $$ SELECT 'parked'::{{schema}}.job_state $$;",
+        ),
+    ]  # fmt: skip
+    monkeypatch.setattr(migrate, "available", lambda: [*shipped, *added])
+
+    first = await migrate.migrate(conn, scratch_schema)
+    found = await migrate.verify(conn, scratch_schema)
+    again = await migrate.migrate(conn, scratch_schema)
+
+    assert first[-2:] == [n + 1, n + 2] and again == []
+    assert found.skipped is not None and "did not build in a scratch schema" in found.skipped
+    assert "unsafe use of new value" in found.skipped
