@@ -54,16 +54,18 @@ class RoleRunner:
             term_scope: anyio.CancelScope | None = None
             async for change in self.changes:
                 if term_scope is not None:
-                    term_scope.cancel()  # roles stop before anything else happens
+                    # Roles stop before anything else happens; the term's task says
+                    # when they have (roles_stopped), and only then is the lock freed.
+                    term_scope.cancel()
                     term_scope = None
+                elif not change.is_leader:
+                    change.roles_stopped.set()  # no roles of that term run here
                 self.leading, self.term = change.is_leader, change.term
                 metrics.set_leader(change.is_leader, change.term)
                 if change.is_leader:
                     ctx = RoleContext(self.pool, self.q, self.config, self.member_id, change.term)
                     term_scope = anyio.CancelScope()
                     tg.start_soon(self._run_term, term_scope, ctx, change.roles_stopped)
-                else:
-                    change.roles_stopped.set()  # in case its term never started here
 
     async def _run_term(
         self, scope: anyio.CancelScope, ctx: RoleContext, stopped: anyio.Event

@@ -18,7 +18,7 @@ import pytest
 
 from pgjobd.config import Config, DaemonConfig, DatabaseConfig
 from pgjobd.duration import Duration
-from pgjobd.leader import Elector, Leadership
+from pgjobd.leader import Elector, Leadership, unsigned
 from pgjobd.lock_keys import LEADER, lock_key
 from pgjobd.queries import Queries, for_schema
 from pgjobd.roles import Deposed, RoleContext
@@ -221,7 +221,8 @@ class SlowRole:
 
     name: ClassVar[str] = "slow"
 
-    def __init__(self) -> None:
+    def __init__(self, sleep_s: float = 1.5) -> None:
+        self.sleep_s = sleep_s
         self.started = anyio.Event()
         self.finished_at: float | None = None
 
@@ -232,7 +233,7 @@ class SlowRole:
         async with ctx.pool.acquire() as conn:
             self.started.set()
             with anyio.CancelScope(shield=True):
-                await conn.execute("SELECT pg_sleep(1.5)")
+                await conn.execute("SELECT pg_sleep($1)", self.sleep_s)
                 self.finished_at = await conn.fetchval(
                     "SELECT extract(epoch FROM clock_timestamp())::float8"
                 )
@@ -268,6 +269,46 @@ async def test_the_lock_is_freed_only_once_the_terms_roles_have_stopped(
 
 async def _true(value: object) -> bool:
     return bool(value)
+
+
+async def test_a_leader_whose_term_ended_frees_the_lock_only_once_its_roles_stopped(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    # Not a drain: the runner goes on, learns that the term ended and stops the roles;
+    # the elector must wait for them, not only for the runner to have heard.
+    config = Config(database=DatabaseConfig(schema=schema), dsn=dsn)
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    role = SlowRole(sleep_s=3.0)
+    k1, k2 = unsigned(lock_key(LEADER, schema))
+    held = (
+        "SELECT extract(epoch FROM clock_timestamp())::float8 AS at, EXISTS (SELECT FROM "
+        "pg_locks WHERE locktype = 'advisory' AND classid::bigint = $1 AND objid::bigint = $2 "
+        "AND objsubid = 2 AND pid = $3 AND granted) AS held"
+    )
+    try:
+        async with anyio.create_task_group() as tg:
+            send, receive = anyio.create_memory_object_stream[Leadership](16)
+            runner = RoleRunner(
+                pool, queries=for_schema(schema), config=config, member_id="test",
+                roles=[role], changes=receive,
+            )  # fmt: skip
+            tg.start_soon(runner.run)
+            tg.start_soon(Elector(config, for_schema(schema), "test", send).run)
+            with anyio.fail_after(WAIT_S):
+                await role.started.wait()
+            pid = await conn.fetchval(f"SELECT backend_pid FROM {schema}.leader")
+            await conn.execute(f"UPDATE {schema}.leader SET resigned_at = now()")  # ended
+            freed_at = None
+            with anyio.fail_after(WAIT_S):
+                while freed_at is None:
+                    row = await conn.fetchrow(held, k1, k2, pid)
+                    freed_at = None if row["held"] else row["at"]
+                    await anyio.sleep(0.02)
+            tg.cancel_scope.cancel()
+    finally:
+        await pool.close()
+
+    assert role.finished_at is not None and freed_at >= role.finished_at
 
 
 class Failing:
