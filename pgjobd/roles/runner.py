@@ -88,7 +88,7 @@ class RoleRunner:
                 self.ticks[role.name] = self.ticks.get(role.name, 0) + 1
             except Deposed as e:
                 log.info(
-                    "role %s: %s; its last write was rolled back", role.name, e,
+                    "role %s: %s; what it had begun to write was rolled back", role.name, e,
                     extra={"event": "role.deposed", "role": role.name, "term": ctx.term},
                 )  # fmt: skip
             except TRANSIENT as e:
