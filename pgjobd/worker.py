@@ -167,10 +167,12 @@ class Worker:
         self._deadlines: dict[tuple[int, int], float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self._parent = os.getppid()
+        self._broken_logged = False
 
     async def serve(self, frames_in: int, frames_out: int) -> int:
         channel = await ChildChannel.open(frames_in, frames_out)
-        channel.on_broken = _channel_broken
+        channel.on_broken = self._channel_broken
         orphaned = False
         await channel.send(
             Ready(pid=os.getpid(), kinds=[kind_info(s) for s in self.registry.values()])
@@ -197,6 +199,19 @@ class Worker:
             orphaned = True
             log.error("unreadable input from the supervisor: %s", e)
         return await self._finish(orphaned)
+
+    def _channel_broken(self) -> None:
+        """A write found the pipe to the parent broken. With the parent alive, a handler
+        broke it: no outcome can reach the parent, so exit at once. Orphaned, finish the
+        jobs held (as on the end of input): their outcomes are lost either way."""
+        if os.getppid() != self._parent:
+            if not self._broken_logged:
+                self._broken_logged = True
+                log.warning("the supervisor is gone; outcomes cannot be reported")
+            return
+        log.error("the pipe to the supervisor is broken (closed by a handler?): exiting")
+        logging.shutdown()
+        os._exit(EXIT_CHANNEL_BROKEN)
 
     async def _finish(self, orphaned: bool) -> int:
         """Wait for the jobs held. The parent enforces timeouts; alone, we do."""
@@ -232,7 +247,7 @@ class Worker:
             await channel.send(done)
         except (OSError, RuntimeError) as e:
             log.error("job %d: cannot report its outcome (%s): %s", job.id, done.kind, e)
-            _channel_broken()
+            self._channel_broken()
 
     async def execute(self, run: Run) -> Done:
         """Run one job to its Done: convert the args, call the handler, map the result."""
@@ -293,12 +308,6 @@ class Worker:
             kind = "discarded" if isinstance(e, spec.discard_on) else "failed"
             return done(kind, **_error_fields(e))
         return done("completed", result=_encode_result(value, ctx))
-
-
-def _channel_broken() -> None:
-    log.error("the pipe to the supervisor is broken (closed by a handler?): exiting")
-    logging.shutdown()
-    os._exit(EXIT_CHANNEL_BROKEN)
 
 
 def _being_cancelled() -> bool:

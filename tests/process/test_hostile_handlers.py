@@ -8,6 +8,10 @@ subreaper: see tests/e2e/test_drain_hardening.py.)
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,6 +22,7 @@ import pytest
 from pgjobd.config import QueueConfig
 from pgjobd.duration import Duration
 from pgjobd.model import ClaimedJob, Outcome
+from pgjobd.protocol import Run, encode_frame
 from pgjobd.supervisor import WorkerPool
 
 from .handlers_source import SOURCE
@@ -238,3 +243,67 @@ async def test_give_back_all_kills_before_it_gives_back(tmp_path: Path) -> None:
         assert (outcome.job, outcome.kind) == (job, "given_back")
         assert h.pool.held() == {} and h.pool.free_slots() == 0
         assert h.pool.live_processes() == 0
+
+
+INTERMEDIATE = """
+import os, subprocess, sys
+worker = subprocess.Popen(
+    [sys.executable, "-m", "pgjobd", "worker", "--queue", "default",
+     "--handler-dir", sys.argv[1], "--slots", "2"],
+    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(sys.argv[3], "wb"),
+)
+length = int.from_bytes(worker.stdout.read(4), "big")
+worker.stdout.read(length)  # Ready
+worker.stdin.write(bytes.fromhex(sys.argv[2]))
+worker.stdin.flush()
+print(worker.pid, flush=True)
+os._exit(0)  # the supervisor dies: the worker is an orphan, its pipes broken
+"""
+
+MARKER = """
+import asyncio
+import os
+from pathlib import Path
+
+from pgjobd import job
+
+
+@job
+async def marks_its_end(args: dict) -> str:
+    while not os.path.exists(args["go"]):
+        await asyncio.sleep(0.01)
+    Path(args["done"]).write_text("done")
+    return "done"
+"""
+
+
+async def test_an_orphaned_worker_finishes_every_job_it_holds(tmp_path: Path) -> None:
+    """A broken pipe to a parent that is gone is not a hostile handler: the orphan
+    finishes the jobs it holds (whose outcomes are lost either way) and exits."""
+    directory = handler_dir(tmp_path, {"marker.py": MARKER})
+    jobs = [
+        make_job(
+            "marks_its_end", {"go": str(tmp_path / f"go{i}"), "done": str(tmp_path / f"done{i}")}
+        )
+        for i in range(2)
+    ]
+    frames = b"".join(encode_frame(Run(job=job, timeout_s=60)) for job in jobs)
+    result = await anyio.run_process(
+        [sys.executable, "-c", INTERMEDIATE, str(directory), frames.hex(), str(tmp_path / "log")]
+    )
+    worker = int(result.stdout)
+    try:
+        (tmp_path / "go0").touch()  # its outcome meets the broken pipe
+        await file_written(tmp_path / "done0")
+        (tmp_path / "go1").touch()
+        await file_written(tmp_path / "done1")
+        await until_dead(worker)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
+
+
+async def file_written(path: Path) -> None:
+    with anyio.fail_after(WAIT_S):
+        while not await anyio.Path(path).exists():  # noqa: ASYNC110 - polled under a deadline
+            await anyio.sleep(0.01)
