@@ -4,7 +4,8 @@ and unlocks advisory locks."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -59,3 +60,29 @@ async def connect_session(
         dsn or config.require_dsn(), **_connect_options(config, application_name)
     )
     return conn
+
+
+@asynccontextmanager
+async def acquire(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+    """A connection from `pool`, as ``pool.acquire()`` gives, except that a connection
+    whose use ended in anything but an error PostgreSQL reported (a cancelled task, a
+    timeout, a lost or confused connection) is closed instead of going back to the pool.
+
+    Such a connection may be in the middle of an operation. asyncpg would keep it for
+    the pool until the server confirms a cancel request, which a server that is
+    restarting or unreachable never does: the pool slot stays taken, or the connection
+    comes back to answer its next use with "cannot switch to state 12; another
+    operation is in progress". After a PostgresError the connection is in a known state
+    and is reused.
+    """
+    conn: asyncpg.Connection = await pool.acquire()
+    try:
+        yield conn
+    except BaseException as e:
+        if isinstance(e, asyncpg.PostgresError):
+            await pool.release(conn)
+        else:
+            # The pool takes the slot back and connects afresh on a later acquire.
+            conn.terminate()
+        raise
+    await pool.release(conn)
