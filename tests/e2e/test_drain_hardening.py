@@ -31,11 +31,12 @@ processes = 1
 """
 
 HANDLERS = '''
+import asyncio
 import os
 import time
 from pathlib import Path
 
-from pgjobd import job
+from pgjobd import JobContext, job
 
 
 def _write(path: str, text: str) -> None:
@@ -63,6 +64,16 @@ def spins(args: dict) -> None:
     _write(args["started"], str(os.getpid()))
     while True:
         time.sleep(0.01)
+
+
+@job(max_attempts=5, timeout="120s")
+async def watches(args: dict, ctx: JobContext) -> str:
+    """Runs until its ctx.cancelled is set; marks both per attempt."""
+    Path(args["dir"], f"started-{ctx.attempt}").touch()
+    while not ctx.cancelled.is_set():
+        await asyncio.sleep(0.01)
+    Path(args["dir"], f"cancelled-{ctx.attempt}").touch()
+    return "cancelled"
 
 
 @job(max_attempts=1)
@@ -277,6 +288,50 @@ async def test_lease_renewal_skips_a_row_another_transaction_holds(
     query = f"SELECT id, lease_expires_at - now() > '10 minutes' FROM {schema}.job"
     leases = {row[0]: row[1] for row in await conn.fetch(query)}
     assert leases == {locked[0]: False, free[0]: True}
+
+
+async def test_a_job_claimed_again_by_its_member_keeps_its_live_attempt(
+    schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
+) -> None:
+    """Bug 3: the reaper took the job from this member while its attempt ran on, and
+    the same member claimed it again. The stale attempt is cancelled as lost; the live
+    one is renewed and runs on. At d1c1ca0 both were held by id: the new attempt
+    replaced the old one, which was never cancelled."""
+    member = await start_member(
+        QUEUES, daemon='lease = "2s"\ndrain_timeout = "1s"\n', handlers=handlers_dir(tmp_path)
+    )
+    marks = anyio.Path(tmp_path)
+    job_id = await enqueue(conn, schema, "watches", {"dir": str(tmp_path)})
+    await wait_until((marks / "started-1").exists, what="attempt 1 started")
+    await conn.execute(  # what the reaper does to a job whose lease ran out
+        f"UPDATE {schema}.job SET state = 'available', fence = NULL, owner = NULL,"
+        f" lease_expires_at = NULL WHERE id = $1",
+        job_id,
+    )
+    await wait_until((marks / "started-2").exists, what="attempt 2 started")
+    await wait_until((marks / "cancelled-1").exists, what="the stale attempt cancelled")
+    fence = await conn.fetchval(f"SELECT fence FROM {schema}.job WHERE id = $1", job_id)
+    for _ in range(2):  # two renewals of the live attempt's lease
+        before = await conn.fetchval(
+            f"SELECT lease_expires_at FROM {schema}.job WHERE id = $1", job_id
+        )
+
+        async def renewed(before: object = before) -> bool:
+            now = await conn.fetchval(
+                f"SELECT lease_expires_at FROM {schema}.job WHERE id = $1 AND fence = $2",
+                job_id,
+                fence,
+            )
+            return bool(now is not None and now > before)
+
+        await wait_until(renewed, what="the live attempt's lease renewed")
+    assert not await (marks / "cancelled-2").exists()
+    assert await exit_status_after_sigterm(member) == 0
+
+
+async def exit_status_after_sigterm(member: MemberProcess) -> int:
+    member.process.send_signal(signal.SIGTERM)
+    return await exit_status(member)
 
 
 # -- signals at bad moments (item 5) -----------------------------------------------------
