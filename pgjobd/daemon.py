@@ -179,7 +179,7 @@ class Member:
         self._subreaper = become_subreaper()
         pool = await db.create_pool(self.config, reset=skip_session_reset)
         try:
-            async with pool.acquire() as conn:
+            async with db.acquire(pool) as conn:
                 await migrate.check_schema(conn, self.config.database.schema, deep=True)
             self.db_ok_at = anyio.current_time()
             await self._serve(pool)
@@ -476,11 +476,11 @@ class Member:
             ))  # fmt: skip
         if rows:
             columns = [list(c) for c in zip(*rows, strict=True)]
-            async with pool.acquire() as conn:
+            async with db.acquire(pool) as conn:
                 await conn.execute(self.q["kind_declare_many"], *columns, self.id)
 
     async def _join(self, pool: asyncpg.Pool) -> None:
-        async with pool.acquire() as conn:
+        async with db.acquire(pool) as conn:
             await conn.execute(self.q["partitions_ensure"], migrate.PARTITION_DAYS_AHEAD)
             await conn.execute(
                 self.q["member_join"], self.id, socket.gethostname(), os.getpid(),
@@ -491,7 +491,7 @@ class Member:
     async def _leave(self, pool: asyncpg.Pool) -> None:
         with anyio.move_on_after(5, shield=True):
             try:
-                async with pool.acquire() as conn:
+                async with db.acquire(pool) as conn:
                     await conn.execute(self.q["member_leave"], self.id)
             except TRANSIENT as e:
                 log.warning("could not remove the member row: %s", e)
@@ -500,7 +500,7 @@ class Member:
         while True:
             await anyio.sleep(backoff.jittered(HEARTBEAT_S, 0.1))
             try:
-                async with pool.acquire() as conn:
+                async with db.acquire(pool) as conn:
                     alive = await conn.fetchval(
                         self.q["member_heartbeat"], self.id, list(self.config.queues)
                     )
@@ -521,7 +521,7 @@ class Member:
             if not held:
                 continue
             try:
-                async with pool.acquire() as conn:
+                async with db.acquire(pool) as conn:
                     rows = await conn.fetch(
                         self.q["job_lease_renew"], self.id, [key[0] for key in held],
                         [key[1] for key in held], lease,
@@ -550,7 +550,7 @@ class Member:
         """Make due scheduled and retryable jobs claimable; sleep until the next is due."""
         while True:
             try:
-                async with pool.acquire() as conn:
+                async with db.acquire(pool) as conn:
                     row = await conn.fetchrow(self.q["job_promote_due"], PROMOTE_BATCH)
             except TRANSIENT as e:
                 log.warning("promoting due jobs failed: %s", e)

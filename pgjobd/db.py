@@ -4,6 +4,7 @@ and unlocks advisory locks."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -82,7 +83,9 @@ async def acquire(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
         if isinstance(e, asyncpg.PostgresError):
             await pool.release(conn)
         else:
-            # The pool takes the slot back and connects afresh on a later acquire.
-            conn.terminate()
+            # The pool takes the slot back and connects afresh on a later acquire. (A
+            # connection already closed went back to the pool: its proxy refuses.)
+            with contextlib.suppress(asyncpg.InterfaceError):
+                conn.terminate()
         raise
     await pool.release(conn)

@@ -22,7 +22,7 @@ from typing import Protocol
 import anyio
 import asyncpg
 
-from pgjobd import backoff, metrics
+from pgjobd import backoff, db, metrics
 from pgjobd.completer import Completer
 from pgjobd.errors import TRANSIENT
 from pgjobd.model import ClaimedJob
@@ -143,7 +143,7 @@ class Producer:
 
     async def claim(self, limit: int) -> list[ClaimedJob]:
         started = time.perf_counter()
-        async with self.pool.acquire() as conn:
+        async with db.acquire(self.pool) as conn:
             rows = await conn.fetch(
                 self.q["job_claim"], self.queue, limit, self.member_id, self.lease
             )

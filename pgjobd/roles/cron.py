@@ -19,7 +19,7 @@ from typing import ClassVar, cast
 import asyncpg
 import msgspec
 
-from pgjobd import cron_schedule
+from pgjobd import cron_schedule, db
 from pgjobd.config import Config
 from pgjobd.cron_schedule import CatchUp, Due, ScheduleError
 from pgjobd.queries import Queries
@@ -61,7 +61,7 @@ class CronTicker:
         return override() if callable(override) else override
 
     async def tick(self, ctx: RoleContext) -> None:
-        async with ctx.pool.acquire() as conn:
+        async with db.acquire(ctx.pool) as conn:
             firings = await self.plan(conn, ctx)
             for firing in firings:
                 await self.fire(conn, ctx, firing)

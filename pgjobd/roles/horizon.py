@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 
 import asyncpg
 
-from pgjobd import metrics
+from pgjobd import db, metrics
 from pgjobd.config import Config
 from pgjobd.queries import Queries
 from pgjobd.roles import RoleContext
@@ -156,7 +156,7 @@ class HorizonWatchdog:
 
     async def read(self, pool: asyncpg.Pool, queries: Queries, config: Config) -> HorizonReading:
         table = f"{config.database.schema}.job"
-        async with pool.acquire() as conn:
+        async with db.acquire(pool) as conn:
             stats = await conn.fetchrow(queries["horizon_table_stats"], table)
             rows = await conn.fetch(queries["horizon_holders"], 1)
         holder = HorizonHolder(**dict(rows[0])) if rows else None

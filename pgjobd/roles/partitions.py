@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import asyncpg
 
+from pgjobd import db
 from pgjobd.config import Config
 from pgjobd.migrate import PARTITION_DAYS_AHEAD
 from pgjobd.roles import RoleContext, fenced, term_open
@@ -46,7 +47,7 @@ class PartitionRotator:
     async def tick(self, ctx: RoleContext) -> None:
         schema = ctx.config.database.schema
         keep = ctx.config.retention.history
-        async with ctx.pool.acquire() as conn:
+        async with db.acquire(ctx.pool) as conn:
             await conn.execute(ctx.queries["partitions_ensure"], PARTITION_DAYS_AHEAD)
             today: date = await conn.fetchval("SELECT (now() AT TIME ZONE 'UTC')::date")
             for parent in PARENTS:

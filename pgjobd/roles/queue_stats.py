@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pgjobd import metrics
+from pgjobd import db, metrics
 from pgjobd.config import Config
 from pgjobd.roles import RoleContext
 
@@ -19,7 +19,7 @@ class QueueStats:
         return INTERVAL_S
 
     async def tick(self, ctx: RoleContext) -> None:
-        async with ctx.pool.acquire() as conn:
+        async with db.acquire(ctx.pool) as conn:
             rows = await conn.fetch(ctx.queries["queue_stats"], list(ctx.config.queues))
         metrics.set_queue_stats(
             metrics.QueueStat(

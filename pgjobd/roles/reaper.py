@@ -10,7 +10,7 @@ import logging
 from datetime import timedelta
 from typing import ClassVar
 
-from pgjobd import metrics
+from pgjobd import db, metrics
 from pgjobd.config import DEFAULT_QUEUE, Config
 from pgjobd.roles import RoleContext, fenced
 
@@ -37,7 +37,7 @@ class Reaper:
     async def tick(self, ctx: RoleContext) -> None:
         queues = ctx.config.queues
         lease = ctx.config.daemon.lease
-        async with ctx.pool.acquire() as conn:
+        async with db.acquire(ctx.pool) as conn:
             while True:
                 async with fenced(conn, ctx):
                     row = await conn.fetchrow(

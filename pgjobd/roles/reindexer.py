@@ -57,6 +57,7 @@ from typing import ClassVar
 import anyio
 import asyncpg
 
+from pgjobd import db
 from pgjobd.config import Config
 from pgjobd.roles import RoleContext, term_open
 
@@ -130,7 +131,7 @@ class Reindexer:
 
     async def tick(self, ctx: RoleContext) -> None:
         table = f"{ctx.config.database.schema}.job"
-        async with ctx.pool.acquire() as conn:
+        async with db.acquire(ctx.pool) as conn:
             await self._check_fence(conn, ctx)
             if await conn.fetchval(ctx.queries["index_build_in_progress"], table):
                 log.info(
@@ -198,7 +199,7 @@ class Reindexer:
             # pool (which does not reset sessions) one with a half-hour statement_timeout.
             pid = conn.get_server_pid()
             with anyio.move_on_after(5, shield=True), contextlib.suppress(Exception):
-                async with ctx.pool.acquire() as other:
+                async with db.acquire(ctx.pool) as other:
                     await other.fetchval(ctx.queries["backend_stop"], pid)
             # Ending the backend may already have closed the connection, and the pool
             # then took it back (the proxy refuses terminate): either way it is gone.

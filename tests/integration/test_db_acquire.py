@@ -158,3 +158,18 @@ async def test_a_postgres_error_keeps_the_connection(dsn: str) -> None:
             assert conn.get_server_pid() == pid
     finally:
         pool.terminate()
+
+
+async def test_a_connection_the_body_closed_itself_is_handled(dsn: str) -> None:
+    pool = await _pool(dsn)
+    try:
+        with pytest.raises(KeyError):
+            async with db.acquire(pool) as conn:
+                conn.terminate()
+                raise KeyError("the body's own error comes out")
+        async with db.acquire(pool) as conn:
+            conn.terminate()
+        async with db.acquire(pool) as conn:
+            assert await conn.fetchval("SELECT 1") == 1
+    finally:
+        pool.terminate()
