@@ -385,12 +385,7 @@ class WorkerPool:
         message: ToParent | None = None
         problem = ""
         with anyio.move_on_after(self.boot_timeout_s) as scope:
-            try:
-                message = await child.channel.receive()
-            except anyio.EndOfStream:
-                pass
-            except ProtocolError as e:
-                problem = f": {e}"
+            message, problem = await self._first_message(child)
         if isinstance(message, Ready):
             child.kinds = {info.kind: info for info in message.kinds}
             child.ready = True
@@ -411,6 +406,32 @@ class WorkerPool:
             f"worker process {child.pid} of queue {self.queue!r} failed to start "
             f"({status}){problem}"
         )
+
+    async def _first_message(self, child: _Child) -> tuple[ToParent | None, str]:
+        """The child's first message, or None and what went wrong (its output ended,
+        or was unreadable, or the child exited without a message: its output may stay
+        open after it, held by a descendant)."""
+        found: list[ToParent] = []
+        problems: list[str] = []
+        async with anyio.create_task_group() as tg:
+
+            async def read() -> None:
+                try:
+                    found.append(await child.channel.receive())
+                except anyio.EndOfStream:
+                    pass
+                except ProtocolError as e:
+                    problems.append(f": {e}")
+                tg.cancel_scope.cancel()
+
+            async def wait_exit() -> None:
+                await child.process.wait()
+                await anyio.sleep(READ_AFTER_EXIT_S)  # for a frame written before
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(read)
+            tg.start_soon(wait_exit)
+        return (found[0] if found else None), "".join(problems)
 
     async def _keep_slot(self, child: _Child) -> None:
         """Serve one slot's child, then its replacements, until the pool stops.

@@ -21,6 +21,7 @@ import pytest
 
 from pgjobd.config import QueueConfig
 from pgjobd.duration import Duration
+from pgjobd.errors import ConfigError
 from pgjobd.model import ClaimedJob, Outcome
 from pgjobd.protocol import Run, encode_frame
 from pgjobd.supervisor import WorkerPool
@@ -307,3 +308,35 @@ async def file_written(path: Path) -> None:
     with anyio.fail_after(WAIT_S):
         while not await anyio.Path(path).exists():  # noqa: ASYNC110 - polled under a deadline
             await anyio.sleep(0.01)
+
+
+DIES_AT_IMPORT = """
+import os
+import signal
+import time
+from pathlib import Path
+
+pid = os.fork()
+if pid == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(3600)  # holds the worker's pipes open
+    os._exit(0)
+Path(os.environ["PGJOBD_TEST_PIDFILE"]).write_text(str(pid))
+os._exit(5)
+"""
+
+
+async def test_a_worker_dying_at_boot_under_a_descendant_holding_its_pipe_is_noticed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The boot fails at once with the worker's exit status, not at the boot timeout
+    (the forked child keeps the pipe open); the child ends with the worker's group."""
+    pidfile = tmp_path / "forked"
+    monkeypatch.setenv("PGJOBD_TEST_PIDFILE", str(pidfile))
+    send, _ = anyio.create_memory_object_stream[Outcome](10)
+    config = QueueConfig(concurrency=1, processes=1, timeout=Duration(seconds=600))
+    directory = handler_dir(tmp_path, {"dies.py": DIES_AT_IMPORT})
+    pool = WorkerPool("default", config, [directory], send, grace_s=0.5, boot_timeout_s=600)
+    with anyio.fail_after(WAIT_S), pytest.raises(ConfigError, match="exit status 5"):
+        await pool.run()
+    await until_dead(await read_pid(pidfile))
