@@ -1,14 +1,26 @@
 """Records outcomes in batches: one statement per batch for completions, one for the rest.
 
 Every write is fence-checked in SQL: an outcome whose job was meanwhile reaped (its
-lease lost) changes nothing and is counted as stale. While the database cannot be
-written, outcomes are kept and retried, and `accepting` is false so that producers
-stop claiming more work than can be recorded.
+lease lost) changes nothing and is counted as stale.
+
+- Every outcome is made storable first (pgjobd.outcome): no value a handler returns or
+  raises can make PostgreSQL refuse it. Should a statement still fail on the values of
+  its batch, the batch is split in halves until the outcome at fault is alone; that
+  one is recorded as a failed attempt (pgjobd.UnstorableOutcome, naming the error) and
+  its neighbours are recorded as they were.
+- While the database cannot be written (it is away, read-only, or refuses for reasons
+  of its own), outcomes are kept and retried at least every RETRY_MAX_S, so they are
+  recorded within about a second of its return; meanwhile `accepting` is false and
+  producers claim nothing, so the first thing written on its return is what was kept.
+- At shutdown (`give_up_after`, or the task cancelled) every try is bounded: what is
+  not recorded by the deadline is logged (completer.abandoned, with the job ids) and
+  left to the reaper, which takes each job back when its lease runs out.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -17,22 +29,47 @@ import asyncpg
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from pgjobd import backoff, metrics
+from pgjobd import backoff, db, metrics
 from pgjobd.config import QueueConfig
 from pgjobd.errors import TRANSIENT
 from pgjobd.migrate import PARTITION_DAYS_AHEAD
 from pgjobd.model import Outcome
+from pgjobd.outcome import MAX_MESSAGE_CHARS, storable, storable_text
 from pgjobd.queries import Queries
 
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 500
 FLUSH_AFTER_S = 0.005
+# The longest wait between two tries of outcomes kept while the database is away.
+RETRY_MAX_S = 1.0
+# How long a member shutting down tries to record what it still holds.
+FINAL_FLUSH_S = 5.0
+UNSTORABLE = "pgjobd.UnstorableOutcome"
+# SQLSTATE classes that say nothing about a batch's values: the connection, the
+# server's state or resources, privileges, the schema, locks, cancels. Tried again later.
+_NOT_THE_VALUES = frozenset({"08", "25", "28", "3D", "3F", "40", "42", "53", "55", "57", "58"})
 # Outcomes that do not count an attempt, or end the job whatever attempts remain.
 _ATTEMPT_NOT_COUNTED = frozenset({"snoozed", "given_back"})
 # Outcomes logged only at debug level (the hot path).
 _QUIET = frozenset({"completed", "snoozed"})
 _FINAL_AT_ONCE = {"discarded": "discarded", "invalid_args": "invalid_args"}
+
+Write = Callable[[list[Outcome]], Awaitable[None]]
+
+
+def refused_values(error: BaseException) -> bool:
+    """Whether `error` may come from the values written (so splitting the batch finds
+    the one at fault), rather than from the database's state (so trying later helps)."""
+    if isinstance(error, asyncpg.PostgresError):
+        sqlstate = error.sqlstate or ""
+        return not isinstance(error, TRANSIENT) and sqlstate[:2] not in _NOT_THE_VALUES
+    # A value asyncpg cannot send (its client-side DataError is an InterfaceError too).
+    return isinstance(error, (ValueError, TypeError, OverflowError))
+
+
+def _missing_partition(error: BaseException) -> bool:
+    return isinstance(error, asyncpg.CheckViolationError) and "no partition" in str(error)
 
 
 class Completer:
@@ -53,94 +90,226 @@ class Completer:
         self._accepting_again = anyio.Event()
         self.recorded = 0
         self.stale = 0
+        self.unstorable = 0
+        self.abandoned: list[int] = []  # job ids left to the reaper at shutdown
         # Jobs given back at a drain deadline: a later report of the same run (the
         # worker's, or its crash) must not be recorded on top.
         self.given_back: set[int] = set()
+        self._deadline: float | None = None  # set at shutdown: stop trying then
+        self._attempt: anyio.CancelScope | None = None
 
     async def wait_accepting(self) -> None:
         while not self.accepting:
             await self._accepting_again.wait()
 
+    def give_up_after(self, seconds: float) -> None:
+        """Shutdown: stop trying to record outcomes `seconds` from now (the try in
+        flight included); what is left then is logged and left to the reaper."""
+        deadline = anyio.current_time() + seconds
+        if self._deadline is None or deadline < self._deadline:
+            self._deadline = deadline
+        if self._attempt is not None:
+            self._attempt.deadline = min(self._attempt.deadline, deadline)
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
+        pending: list[Outcome] = []  # received, not yet recorded
         async with self.outcomes:
-            closed = False
-            while not closed:
-                batch: list[Outcome] = []
-                try:
-                    batch.append(await self.outcomes.receive())
-                except anyio.EndOfStream:
-                    return
-                with anyio.move_on_after(FLUSH_AFTER_S):
-                    while len(batch) < MAX_BATCH:
-                        try:
-                            batch.append(await self.outcomes.receive())
-                        except anyio.EndOfStream:
-                            closed = True
-                            break
+            try:
+                while await self._receive_batch(pending):
+                    await self._record_retrying(pending)
+                    if pending:
+                        return  # past the shutdown deadline
+            finally:
+                # Ended, past the deadline, or cancelled (the member is going down):
+                # a bounded last try for what is held, then say what is left.
                 with anyio.CancelScope(shield=True):
-                    await self._flush_retrying(batch)
+                    await self._finish(pending)
 
-    async def _flush_retrying(self, batch: list[Outcome]) -> None:
-        failures = 0
+    async def _receive_batch(self, pending: list[Outcome]) -> bool:
+        """Add the next batch to `pending`; False at the end of the stream."""
+        try:
+            pending.append(storable(await self.outcomes.receive()))
+        except anyio.EndOfStream:
+            return False
+        with anyio.move_on_after(FLUSH_AFTER_S):
+            while len(pending) < MAX_BATCH:
+                try:
+                    pending.append(storable(await self.outcomes.receive()))
+                except anyio.EndOfStream:
+                    break
+        return True
+
+    async def _finish(self, pending: list[Outcome]) -> None:
         while True:
             try:
-                await self.flush(batch)
-            except asyncpg.CheckViolationError as e:
-                if "no partition" not in str(e):
-                    raise
-                # Today's history partition is missing (rotator behind): make it, go on.
-                log.warning("creating missing history partitions: %s", e)
-                async with self.pool.acquire() as conn:
-                    await conn.execute(self.q["partitions_ensure"], PARTITION_DAYS_AHEAD)
-                continue
-            except TRANSIENT as e:
+                pending.append(storable(self.outcomes.receive_nowait()))
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                break
+        if not pending:
+            return
+        if self._deadline is None:
+            self.give_up_after(FINAL_FLUSH_S)
+        left: list[Outcome] = []
+        while pending:
+            chunk, pending[:] = pending[:MAX_BATCH], pending[MAX_BATCH:]
+            await self._record_retrying(chunk)
+            left += chunk
+        if left:
+            ids = [o.job.id for o in left]
+            self.abandoned += ids
+            log.warning(
+                "shutting down with %d outcomes not recorded (the database cannot be "
+                "written); the reaper takes their jobs back when their leases run out: "
+                "job ids %s", len(ids), ", ".join(map(str, ids[:20])),
+                extra={"event": "completer.abandoned", "member": self.member_id,
+                       "count": len(ids), "job_ids": ids[:1000]},
+            )  # fmt: skip
+
+    async def _record_retrying(self, pending: list[Outcome]) -> None:
+        """Record `pending` (emptying it), trying again while the database cannot be
+        written; past the shutdown deadline, return with what is left in it."""
+        failures = 0
+        while pending:
+            now = anyio.current_time()
+            if self._deadline is not None and now >= self._deadline:
+                return
+            try:
+                with anyio.CancelScope(shield=True) as self._attempt:
+                    if self._deadline is not None:
+                        self._attempt.deadline = self._deadline
+                    await self._write_all(pending)
+            except Exception as e:
+                if refused_values(e) or not isinstance(e, (*TRANSIENT, asyncpg.PostgresError)):
+                    raise  # a bug: no split happened, or nothing a retry mends
                 failures += 1
                 if self.accepting:
                     log.warning(
-                        "cannot record %d outcomes, holding them: %s", len(batch), e,
+                        "cannot record %d outcomes, holding them: %s", len(pending), e,
                         extra={"event": "completer.blocked"},
                     )  # fmt: skip
                     self.accepting = False
                     self._accepting_again = anyio.Event()
-                await anyio.sleep(backoff.jittered(min(5.0, 0.1 * 2**failures)))
-                continue
-            if not self.accepting:
-                log.info("recording outcomes again", extra={"event": "completer.unblocked"})
-                self.accepting = True
-                self._accepting_again.set()
-            return
+                delay = backoff.jittered(min(RETRY_MAX_S, 0.1 * 2**failures))
+                if self._deadline is not None:
+                    delay = min(delay, max(0.0, self._deadline - anyio.current_time()))
+                await anyio.sleep(delay)
+            finally:
+                self._attempt = None
+        if not self.accepting:
+            log.info("recording outcomes again", extra={"event": "completer.unblocked"})
+            self.accepting = True
+            self._accepting_again.set()
 
     async def flush(self, batch: list[Outcome]) -> None:
-        """Record one batch: completions in one statement, everything else in another."""
-        completed = [o for o in batch if o.kind == "completed" and self._recordable(o)]
-        others = [o for o in batch if o.kind != "completed" and self._recordable(o)]
-        async with self.pool.acquire() as conn:
-            if completed:
-                rows = await conn.fetch(
-                    self.q["job_complete_many"],
-                    [o.job.id for o in completed],
-                    [o.job.fence for o in completed],
-                    [o.result.decode() if o.result is not None else None for o in completed],
-                    [self.queues[o.job.queue].history == "all" for o in completed],
-                )
-                self._count(completed, rows)
-            if others:
-                columns = list(zip(*(self._failure_row(o) for o in others), strict=True))
-                rows = await conn.fetch(self.q["job_fail_many"], *columns, self.member_id)
-                self._count(others, rows)
+        """Record one batch: completions in one statement, everything else in another.
+        Raises only errors after which it may be tried again (the database is away);
+        an outcome PostgreSQL refuses costs no other outcome anything."""
+        await self._write_all([storable(o) for o in batch])
+
+    async def _write_all(self, pending: list[Outcome]) -> None:
+        """Record `pending`, removing from it what is recorded (or dropped)."""
+        dropped = [o for o in pending if not self._recordable(o)]
+        if dropped:
+            _remove(pending, dropped)
+        completed = [o for o in pending if o.kind == "completed"]
+        others = [o for o in pending if o.kind != "completed"]
+        for group, write in ((completed, self._complete), (others, self._fail)):
+            if group:
+                await self._write_splitting(group, write, pending)
+
+    async def _write_splitting(
+        self, group: list[Outcome], write: Write, pending: list[Outcome]
+    ) -> None:
+        try:
+            await self._write_once(group, write)
+        except Exception as e:
+            if not refused_values(e):
+                raise
+            if len(group) == 1:
+                await self._record_unstorable(group[0], e)
+            else:
+                half = len(group) // 2
+                await self._write_splitting(group[:half], write, pending)
+                await self._write_splitting(group[half:], write, pending)
+                return
+        _remove(pending, group)
+
+    async def _write_once(self, group: list[Outcome], write: Write) -> None:
+        try:
+            await write(group)
+        except asyncpg.CheckViolationError as e:
+            if not _missing_partition(e):
+                raise
+            # Today's history partition is missing (rotator behind): make it, go on.
+            log.warning("creating missing history partitions: %s", e)
+            async with db.acquire(self.pool) as conn:
+                await conn.execute(self.q["partitions_ensure"], PARTITION_DAYS_AHEAD)
+            await write(group)
+
+    async def _record_unstorable(self, outcome: Outcome, error: BaseException) -> None:
+        """Record an outcome PostgreSQL refused as a failed attempt saying why."""
+        self.unstorable += 1
+        job = outcome.job
+        message = storable_text(
+            f"PostgreSQL refused to record this attempt's outcome ({outcome.kind}): "
+            f"{type(error).__name__}: {error}",
+            MAX_MESSAGE_CHARS,
+        )
+        log.error(
+            "job %d (%s): %s", job.id, job.kind, message,
+            extra={"event": "job.unstorable_outcome", "job_id": job.id, "kind": job.kind,
+                   "queue": job.queue, "attempt": job.attempt, "member": self.member_id},
+        )  # fmt: skip
+        failed = Outcome(
+            job, "failed", duration_s=outcome.duration_s, error_class=UNSTORABLE,
+            error_message=message,
+        )  # fmt: skip
+        try:
+            await self._write_once([failed], self._fail)
+        except Exception as e:
+            if not refused_values(e):
+                raise
+            log.error(
+                "job %d (%s): cannot record even that its outcome was refused (%s); "
+                "the reaper takes it back when its lease runs out", job.id, job.kind, e,
+                extra={"event": "completer.unrecordable", "job_id": job.id,
+                       "member": self.member_id},
+            )  # fmt: skip
+
+    async def _complete(self, completed: list[Outcome]) -> None:
+        async with db.acquire(self.pool) as conn:
+            rows = await conn.fetch(
+                self.q["job_complete_many"],
+                [o.job.id for o in completed],
+                [o.job.fence for o in completed],
+                [o.result.decode() if o.result is not None else None for o in completed],
+                [self._queue(o).history == "all" for o in completed],
+            )
+        self._count(completed, rows)
+
+    async def _fail(self, others: list[Outcome]) -> None:
+        columns = list(zip(*(self._failure_row(o) for o in others), strict=True))
+        async with db.acquire(self.pool) as conn:
+            rows = await conn.fetch(self.q["job_fail_many"], *columns, self.member_id)
+        self._count(others, rows)
+
+    def _queue(self, outcome: Outcome) -> QueueConfig:
+        return self.queues.get(outcome.job.queue) or self.queues["default"]
 
     def _recordable(self, outcome: Outcome) -> bool:
         return outcome.kind == "given_back" or outcome.job.id not in self.given_back
 
     def _count(self, batch: list[Outcome], rows: list[asyncpg.Record]) -> None:
         # job_fail_many says why a job ended (dead: the reason; or cancelled), else NULL.
-        reasons: dict[int, str | None] = {row["id"]: row.get("reason") for row in rows}
+        reasons: dict[tuple[int, int], str | None] = {
+            (row["id"], row["fence"]): row.get("reason") for row in rows
+        }
         self.recorded += len(reasons)
-        recorded = [(o, reasons[o.job.id]) for o in batch if o.job.id in reasons]
+        recorded = [(o, reasons[_key(o)]) for o in batch if _key(o) in reasons]
         metrics.record_outcomes(recorded)
         self._log_outcomes(recorded)
-        lost = [o for o in batch if o.job.id not in reasons]
+        lost = [o for o in batch if _key(o) not in reasons]
         if lost:
             self.stale += len(lost)
             for o in lost:
@@ -196,7 +365,7 @@ class Completer:
         """(id, fence, outcome, final, reason, delay, error class, message, traceback,
         duration, keep history) for job_fail_many."""
         job = outcome.job
-        queue = self.queues.get(job.queue) or self.queues["default"]
+        queue = self._queue(outcome)
         reason = _FINAL_AT_ONCE.get(outcome.kind)
         if reason is None and outcome.kind == "crashed" and job.crashes + 1 >= queue.max_crashes:
             reason = "worker_crash"
@@ -219,3 +388,12 @@ class Completer:
             timedelta(seconds=delay_s), outcome.error_class, outcome.error_message,
             outcome.traceback, outcome.duration_s, queue.history != "none",
         )  # fmt: skip
+
+
+def _key(outcome: Outcome) -> tuple[int, int]:
+    return outcome.job.id, outcome.job.fence
+
+
+def _remove(pending: list[Outcome], done: list[Outcome]) -> None:
+    gone = {id(o) for o in done}
+    pending[:] = [o for o in pending if id(o) not in gone]

@@ -63,6 +63,7 @@ from pgjobd.handler import (
 )
 from pgjobd.handlers import PACKAGE_ROOT, Registry, load_directories
 from pgjobd.model import ClaimedJob, KindInfo
+from pgjobd.outcome import storable
 from pgjobd.protocol import (
     BootFailed,
     Cancel,
@@ -244,7 +245,7 @@ class Worker:
             self._cancelled.pop(key, None)
             self._deadlines.pop(key, None)
         try:
-            await channel.send(done)
+            await channel.send(storable(done))
         except (OSError, RuntimeError) as e:
             log.error("job %d: cannot report its outcome (%s): %s", job.id, done.kind, e)
             self._channel_broken()

@@ -116,7 +116,8 @@ SELECT (SELECT count(*) FROM promoted) AS promoted,
 -- Finishes a batch of completed jobs: deletes each from the hot table only where this
 -- member's fence still holds (a fence is set only while a job runs), and writes its
 -- final record in the same statement.
--- Returns the ids finished; an id missing from the result lost its lease meanwhile.
+-- Returns the (id, fence) pairs finished; one missing from the result lost its lease
+-- meanwhile.
 -- $1 ids, $2 fences, $3 results (JSON text or NULL), $4 keep a history record
 WITH finished AS (
     DELETE FROM {{schema}}.job AS j
@@ -137,15 +138,17 @@ WITH finished AS (
     FROM finished AS f
     WHERE f.keep
 )
-SELECT f.id FROM finished AS f;
+SELECT f.id, f.fence FROM finished AS f;
 
 -- name: job_fail_many
 -- Records a batch of attempts that did not complete, fence-checked like completion.
 -- Jobs to retry (or snoozed, or given back) return to the hot table with run_at = now()
 -- + delay; final ones move to history as dead. A job cancelled while it ran
 -- (cancel_requested) is not retried: it moves to history as cancelled. Every failed
--- attempt (not a snooze or a give-back) gets a job_attempt row. Returns the ids
--- recorded, each with its reason when it ended (dead: why; or 'cancelled'), else NULL.
+-- attempt (not a snooze or a give-back) gets one job_attempt row: matched by id and
+-- fence, as a batch may hold a stale outcome of the same job. Returns the (id, fence)
+-- pairs recorded, each with its reason when it ended (dead: why; or 'cancelled'), else
+-- NULL.
 -- $1 ids, $2 fences, $3 outcome kinds, $4 final (dead), $5 dead reasons, $6 delays,
 -- $7 error classes, $8 error messages, $9 tracebacks, $10 durations (s),
 -- $11 keep a history record, $12 member id
@@ -170,7 +173,7 @@ WITH o AS (
     FROM o
     WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.fence = o.fence  -- (see above)
       AND NOT o.final AND NOT j.cancel_requested
-    RETURNING j.id, j.attempt, j.queue, j.kind
+    RETURNING j.id, o.fence, j.attempt, j.queue, j.kind
 ), died AS (
     DELETE FROM {{schema}}.job AS j
     USING o
@@ -191,18 +194,18 @@ WITH o AS (
     FROM died AS d
     WHERE d.keep
 ), recorded AS (
-    SELECT r.id, r.attempt, r.queue, r.kind, NULL::text AS reason FROM retried AS r
+    SELECT r.id, r.fence, r.attempt, r.queue, r.kind, NULL::text AS reason FROM retried AS r
     UNION ALL
-    SELECT d.id, d.attempt, d.queue, d.kind, d.reason FROM died AS d
+    SELECT d.id, d.fence, d.attempt, d.queue, d.kind, d.reason FROM died AS d
 ), attempts AS (
     INSERT INTO {{schema}}.job_attempt (job_id, failed_at, duration_s, attempt, queue, kind,
         member, outcome, error_class, error_message, traceback)
     SELECT o.id, now(), o.duration_s, r.attempt, r.queue, r.kind, $12, o.outcome,
            o.error_class, o.error_message, o.traceback
-    FROM recorded AS r JOIN o ON o.id = r.id
+    FROM recorded AS r JOIN o ON o.id = r.id AND o.fence = r.fence
     WHERE o.outcome NOT IN ('snoozed', 'given_back')
 )
-SELECT r.id, r.reason FROM recorded AS r;
+SELECT r.id, r.fence, r.reason FROM recorded AS r;
 
 -- name: job_lease_renew
 -- Extends the leases of the jobs this member holds, where its fences still hold. A row
