@@ -25,7 +25,7 @@ import os
 import secrets
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from pgjobd import __version__, backoff, db, health, metrics, migrate, systemd
 from pgjobd import log as pgjobd_log
 from pgjobd.client import skip_session_reset
-from pgjobd.completer import Completer
+from pgjobd.completer import FINAL_FLUSH_S, Completer
 from pgjobd.config import DEFAULT_QUEUE, Config, QueueConfig
 from pgjobd.errors import TRANSIENT, ConfigError, PgjobdError, SchemaError
 from pgjobd.leader import Elector, Leadership
@@ -297,6 +297,7 @@ class Member:
             for generation in self.generations:
                 for worker_pool in generation.workers.values():
                     worker_pool.outcomes.close()
+            self.completer.give_up_after(FINAL_FLUSH_S)
             send.close()  # the completer records what is left, then ends
             await self._leave(pool)
             services.cancel_scope.cancel()
@@ -355,29 +356,41 @@ class Member:
         self, pool: asyncpg.Pool, intake: TaskGroup, *, task_status: TaskStatus[None]
     ) -> None:
         signals_wanted = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-        with anyio.open_signal_receiver(*signals_wanted) as signals:
-            task_status.started()
-            async for signum in signals:
-                if signum == signal.SIGHUP:
-                    if not self.draining:
-                        intake.start_soon(self.reload, pool)
-                    continue
-                elif not self.draining:
-                    self.draining = True
-                    systemd.notify("STOPPING=1")
-                    log.info(
-                        "%s: draining", signal.Signals(signum).name,
-                        extra={"event": "member.draining", "member": self.id},
-                    )  # fmt: skip
-                    drain_s = self.config.daemon.drain_timeout.total_seconds()
-                    self._drain_deadline = anyio.current_time() + drain_s
-                    for generation in self.generations:
-                        generation.stop_claiming(drain_s)
-                    intake.cancel_scope.cancel()
-                else:
-                    for generation in self.generations:
-                        generation.stop_claiming(STOP_NOW_CLAIM_S)
-                    self._stop_now.set()  # one receiver all along: no gap for a default
+        try:
+            with anyio.open_signal_receiver(*signals_wanted) as signals:
+                task_status.started()
+                await self._handle_signals(signals, pool, intake)
+        finally:
+            if self.draining:
+                # The receiver is gone but the shutdown goes on (the member leaves, the
+                # pool closes): a late SIGTERM must not end it by the default action.
+                for signum in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(signum, signal.SIG_IGN)
+
+    async def _handle_signals(
+        self, signals: AsyncIterator[signal.Signals], pool: asyncpg.Pool, intake: TaskGroup
+    ) -> None:
+        async for signum in signals:
+            if signum == signal.SIGHUP:
+                if not self.draining:
+                    intake.start_soon(self.reload, pool)
+                continue
+            elif not self.draining:
+                self.draining = True
+                systemd.notify("STOPPING=1")
+                log.info(
+                    "%s: draining", signal.Signals(signum).name,
+                    extra={"event": "member.draining", "member": self.id},
+                )  # fmt: skip
+                drain_s = self.config.daemon.drain_timeout.total_seconds()
+                self._drain_deadline = anyio.current_time() + drain_s
+                for generation in self.generations:
+                    generation.stop_claiming(drain_s)
+                intake.cancel_scope.cancel()
+            else:
+                for generation in self.generations:
+                    generation.stop_claiming(STOP_NOW_CLAIM_S)
+                self._stop_now.set()  # one receiver all along: no gap for a default
 
     async def reload(self, pool: asyncpg.Pool) -> None:
         """SIGHUP: read the config and handler directories again and start a new
