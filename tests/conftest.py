@@ -3,13 +3,21 @@
 The server is $PGJOBD_TEST_DSN when set (CI points it at a real server), otherwise a
 throwaway embedded cluster started once for the session. Each test that needs the pgjobd
 tables gets its own freshly migrated schema, dropped afterwards: no initdb per test.
+
+A test that leaves a schema or a process behind fails (see `no_leaks`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import signal
+import threading
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
 
 import asyncpg
 import pytest
@@ -35,7 +43,12 @@ def dsn() -> Iterator[str]:
         yield from_env
         return
     with Cluster.throwaway() as cluster:
-        yield cluster.dsn()
+        session_pids = {cluster.pid} if cluster.pid is not None else set()
+        SESSION_PIDS.update(session_pids)
+        try:
+            yield cluster.dsn()
+        finally:
+            SESSION_PIDS.difference_update(session_pids)
 
 
 @pytest.fixture
@@ -84,3 +97,169 @@ async def leading(dsn: str, schema: str) -> AsyncIterator[RoleContext]:
     finally:
         await pool.close()
         await session.close()
+
+
+# -- leak checks: a test that leaves a schema or a process behind fails -----------------
+
+# Fixtures that hand a test a schema name of its own: the schema must be gone afterwards.
+SCHEMA_FIXTURES = ("schema_name", "schema", "scratch_schema")
+# Processes alive for the whole session (the embedded cluster's postmaster): they and
+# their descendants (its backends) are never a test's leak.
+SESSION_PIDS: set[int] = set()
+# Every process the tests start inherits this variable, which tells them from other
+# pytest runs' on the same machine even once orphaned (reparented away from pytest).
+LEAK_TOKEN_VAR = "PGJOBD_TEST_LEAK_TOKEN"
+LEAK_TOKEN = f"{LEAK_TOKEN_VAR}={os.getpid()}-{uuid.uuid4().hex}"
+os.environ[LEAK_TOKEN_VAR] = LEAK_TOKEN.partition("=")[2]
+LEAK_GRACE_S = 10.0  # time for a process the test stopped to finish exiting
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    state: str
+    start: int  # clock ticks after boot: with the pid, names one process for good
+
+    def cmdline(self) -> str:
+        try:
+            with open(f"/proc/{self.pid}/cmdline", "rb") as f:
+                return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            return "?"
+
+
+def _read_stat(pid: str) -> Proc | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:  # gone since listed
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+    return Proc(int(pid), int(fields[1]), fields[0], int(fields[19]))
+
+
+def _carries_token(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return LEAK_TOKEN.encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def _subtree(roots: set[int], children: dict[int, list[int]]) -> set[int]:
+    found, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
+    return found
+
+
+def started_processes() -> dict[tuple[int, int], Proc]:
+    """Live processes the tests started: pytest's descendants, and processes carrying
+    this run's token (orphans included), less the session's own; zombies are dead."""
+    me = os.getpid()
+    pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    table = [p for p in map(_read_stat, pids) if p is not None]
+    own = next((p for p in table if p.pid == me), None)
+    children: dict[int, list[int]] = {}
+    for proc in table:
+        children.setdefault(proc.ppid, []).append(proc.pid)
+    descendants = _subtree({me}, children) - {me}
+    exempt = _subtree(SESSION_PIDS, children)
+    return {
+        (p.pid, p.start): p
+        for p in table
+        if p.state != "Z" and p.pid != me and p.pid not in exempt
+        and (p.pid in descendants or (own is not None and p.start >= own.start
+                                      and _carries_token(p.pid)))
+    }  # fmt: skip
+
+
+def _left_behind(before: dict[tuple[int, int], Proc]) -> list[Proc]:
+    """Processes started since `before` and still alive after LEAK_GRACE_S."""
+    deadline = time.monotonic() + LEAK_GRACE_S
+    while True:
+        new = [p for key, p in started_processes().items() if key not in before]
+        if not new or time.monotonic() > deadline:
+            return new
+        time.sleep(0.05)
+
+
+def _kill(processes: Sequence[Proc]) -> None:
+    for proc in processes:
+        again = _read_stat(str(proc.pid))
+        if again is not None and again.start == proc.start:  # not a reused pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+
+
+def _remaining_schemas(dsn: str, names: list[str]) -> list[str]:
+    """Which of these schemas exist; they are dropped. On a thread of its own: the
+    test's event loop (if any) must not be touched."""
+    found: list[str] = []
+    errors: list[BaseException] = []
+
+    async def check() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            rows = await conn.fetch(
+                "SELECT nspname FROM pg_namespace WHERE nspname = ANY($1::text[])", names
+            )
+            found.extend(row["nspname"] for row in rows)
+            for name in found:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        finally:
+            await conn.close()
+
+    def run() -> None:
+        try:
+            asyncio.run(check())
+        except BaseException as e:  # re-raised in the test's thread
+            errors.append(e)
+
+    thread = threading.Thread(target=run, name="schema leak check")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails the test (at teardown, after its other fixtures ended) if a process it
+    started is still alive, or a schema handed to it still exists. Leaked processes are
+    killed and leaked schemas dropped, so that the next test starts clean."""
+    before = started_processes()
+    yield
+    problems = []
+    leaked = _left_behind(before)
+    if leaked:
+        _kill(leaked)
+        problems.append(
+            f"{len(leaked)} process(es) still alive {LEAK_GRACE_S:.0f}s after the test "
+            "(killed now):\n"
+            + "\n".join(f"  pid {p.pid} (parent {p.ppid}): {p.cmdline()}" for p in leaked)
+        )
+    funcargs = getattr(request.node, "funcargs", None) or {}
+    names = sorted({str(funcargs[f]) for f in SCHEMA_FIXTURES if f in funcargs})
+    if names and "dsn" in funcargs:
+        remaining = _remaining_schemas(funcargs["dsn"], names)
+        if remaining:
+            problems.append(f"schema(s) left behind (dropped now): {', '.join(remaining)}")
+    if problems:
+        pytest.fail(f"{request.node.nodeid} leaked:\n" + "\n".join(problems), pytrace=False)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Processes alive once every fixture has ended (a leak by a module- or
+    session-scoped fixture, which no single test's check sees)."""
+    leaked = _left_behind({})
+    if leaked:
+        _kill(leaked)
+        lines = "\n".join(f"  pid {p.pid} (parent {p.ppid}): {p.cmdline()}" for p in leaked)
+        print(f"\nprocesses left behind by the test session (killed now):\n{lines}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
