@@ -4,15 +4,17 @@ every one is recorded, and the member keeps serving. Regression for bug 2 of iss
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from .conftest import wait_all_final, wait_until
+from .conftest import MemberProcess, wait_all_final, wait_until
 
 pytestmark = pytest.mark.anyio
+StartMember = Callable[..., Awaitable[MemberProcess]]
 
 HANDLERS = r"""
 from datetime import timedelta
@@ -58,10 +60,7 @@ async def fine(args: dict[str, object]) -> int:
 
 
 async def test_outcomes_postgresql_would_refuse_do_not_stop_the_member(
-    start_member,
-    conn: asyncpg.Connection,
-    schema: str,
-    tmp_path: Path,  # type: ignore[no-untyped-def]
+    start_member: StartMember, conn: asyncpg.Connection, schema: str, tmp_path: Path
 ) -> None:
     handlers = tmp_path / "handlers"
     handlers.mkdir()
