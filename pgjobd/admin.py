@@ -232,6 +232,8 @@ def _unique(ids: Iterable[int]) -> list[int]:
     for job_id in ids:
         if isinstance(job_id, bool) or not isinstance(job_id, int):
             raise InvalidInput(f"job ids are integers, got {job_id!r}")
+        if not -(2**63) <= job_id < 2**63:
+            raise InvalidInput(f"job ids are 64-bit integers, got {job_id}")
         seen.setdefault(job_id, None)
     return list(seen)
 

@@ -269,7 +269,9 @@ class Worker:
             )
         try:
             args = validate_args(spec, msgspec.json.decode(job.args))
-        except msgspec.DecodeError as e:
+        except (msgspec.DecodeError, RecursionError) as e:
+            # RecursionError: nested deeper than Python can convert (a direct INSERT can
+            # store what enqueue refuses): as unusable as invalid JSON, never retried.
             message = f"args for kind {job.kind!r} are not valid JSON: {e}"
             return done("invalid_args", error_class="pgjobd.ArgsError", error_message=message)
         except ArgsError as e:

@@ -311,6 +311,19 @@ async def test_an_unknown_id_is_exit_1_and_nothing_changes(
     assert await audit_rows(conn, schema) == []
 
 
+@pytest.mark.parametrize("action", ["cancel", "retry"])
+async def test_an_id_beyond_64_bits_is_a_usage_error_and_nothing_changes(
+    dsn: str, conn: asyncpg.Connection, schema: str, action: str
+) -> None:
+    live = await enqueue(conn, schema, run_at=datetime(2100, 1, 1))
+
+    result = await pgjobd(dsn, schema, "jobs", action, str(live), str(2**63))
+
+    assert result.returncode == 2, result.stderr
+    assert f"job ids are 64-bit integers, got {2**63}" in result.stderr
+    assert await audit_rows(conn, schema) == []
+
+
 async def test_retry_makes_waiting_jobs_available_now(
     dsn: str, conn: asyncpg.Connection, schema: str
 ) -> None:

@@ -158,6 +158,10 @@ async def test_invalid_args_and_unknown_kind(tmp_path: Path) -> None:
         assert not_json.kind == "invalid_args"
         assert not_json.error_message and "not valid JSON" in not_json.error_message
 
+        # Deeper than Python converts (a direct INSERT can store it): not retried.
+        too_deep = await h.run("add", raw=b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+        assert too_deep.kind == "invalid_args", too_deep
+
         unknown = await h.run("no_such_kind")
         assert unknown.kind == "unknown_kind"
         assert unknown.error_message and "no_such_kind" in unknown.error_message
