@@ -92,9 +92,6 @@ class Completer:
         self.stale = 0
         self.unstorable = 0
         self.abandoned: list[int] = []  # job ids left to the reaper at shutdown
-        # Jobs given back at a drain deadline: a later report of the same run (the
-        # worker's, or its crash) must not be recorded on top.
-        self.given_back: set[int] = set()
         self._deadline: float | None = None  # set at shutdown: stop trying then
         self._attempt: anyio.CancelScope | None = None
 
@@ -209,9 +206,6 @@ class Completer:
 
     async def _write_all(self, pending: list[Outcome]) -> None:
         """Record `pending`, removing from it what is recorded (or dropped)."""
-        dropped = [o for o in pending if not self._recordable(o)]
-        if dropped:
-            _remove(pending, dropped)
         completed = [o for o in pending if o.kind == "completed"]
         others = [o for o in pending if o.kind != "completed"]
         for group, write in ((completed, self._complete), (others, self._fail)):
@@ -296,9 +290,6 @@ class Completer:
 
     def _queue(self, outcome: Outcome) -> QueueConfig:
         return self.queues.get(outcome.job.queue) or self.queues["default"]
-
-    def _recordable(self, outcome: Outcome) -> bool:
-        return outcome.kind == "given_back" or outcome.job.id not in self.given_back
 
     def _count(self, batch: list[Outcome], rows: list[asyncpg.Record]) -> None:
         # job_fail_many says why a job ended (dead: the reason; or cancelled), else NULL.

@@ -63,7 +63,7 @@ from pgjobd.handler import (
 )
 from pgjobd.handlers import PACKAGE_ROOT, Registry, load_directories
 from pgjobd.model import ClaimedJob, KindInfo
-from pgjobd.outcome import storable
+from pgjobd.outcome import MAX_MESSAGE_CHARS, MAX_RESULT_BYTES, MAX_TRACEBACK_CHARS, storable
 from pgjobd.protocol import (
     BootFailed,
     Cancel,
@@ -83,9 +83,6 @@ EXIT_BOOT = 3
 # descriptor): no outcome can reach the parent any more, so end at once.
 EXIT_CHANNEL_BROKEN = 4
 ORPHAN_GRACE_S = 5.0
-MAX_RESULT_BYTES = 1024 * 1024
-MAX_MESSAGE_CHARS = 4096
-MAX_TRACEBACK_CHARS = 32 * 1024
 
 log = logging.getLogger("pgjobd.worker")
 
