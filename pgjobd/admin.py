@@ -153,7 +153,9 @@ class DeadJob(msgspec.Struct, frozen=True):
     args: dict[str, Any]
 
 
-class JobOutcome(msgspec.Struct, frozen=True):
+class JobActed(msgspec.Struct, frozen=True):
+    """What an admin action did to one job (not a handler's pgjobd.JobOutcome)."""
+
     id: int
     outcome: str  # CancelOutcome or RetryOutcome
     state: str  # the job's state before the action
@@ -163,7 +165,7 @@ class JobsAction(msgspec.Struct, frozen=True):
     """What `jobs cancel` / `jobs retry` did, per job, in the order given."""
 
     action: str
-    jobs: list[JobOutcome]
+    jobs: list[JobActed]
     audit_id: int
 
 
@@ -182,7 +184,9 @@ class Redrive(msgspec.Struct, frozen=True):
     audit_id: int
 
 
-class CronEntry(msgspec.Struct, frozen=True):
+class CronListed(msgspec.Struct, frozen=True):
+    """A cron entry as `cron list` shows it (the configured one is config.CronEntry)."""
+
     name: str
     schedule: str
     timezone: str
@@ -391,7 +395,7 @@ async def cancel_jobs(
                 outcome = "cancelled"
             elif i in flagged:
                 outcome = "cancel_requested"
-            outcomes.append(JobOutcome(id=i, outcome=outcome, state=live.get(i) or final[i]))
+            outcomes.append(JobActed(id=i, outcome=outcome, state=live.get(i) or final[i]))
         audit_id = await _audit(
             conn, q, user, "jobs.cancel", job_ids=wanted,
             detail={"outcomes": {str(o.id): o.outcome for o in outcomes}},
@@ -436,7 +440,7 @@ async def retry_jobs(
                 outcome = "running"
             else:  # available, or revived by someone else meanwhile
                 outcome = "already_available"
-            outcomes.append(JobOutcome(id=i, outcome=outcome, state=live.get(i) or final[i]))
+            outcomes.append(JobActed(id=i, outcome=outcome, state=live.get(i) or final[i]))
         audit_id = await _audit(
             conn, q, user, "jobs.retry", job_ids=wanted,
             detail={"outcomes": {str(o.id): o.outcome for o in outcomes}},
@@ -528,7 +532,7 @@ async def _since(conn: asyncpg.Connection, since: datetime | timedelta | None) -
 # -- cron --------------------------------------------------------------------------------
 
 
-async def list_cron(db: Db, schema: str) -> list[CronEntry]:
+async def list_cron(db: Db, schema: str) -> list[CronListed]:
     """Every schedule with its next run after the database's now (None when disabled or
     when it never fires again)."""
     q = for_schema(schema)
@@ -547,7 +551,7 @@ async def list_cron(db: Db, schema: str) -> list[CronEntry]:
         except cron_schedule.ScheduleError as e:
             error = str(e)
         record = {**dict(r), "next_run": next_run, "error": error}
-        entries.append(_with_args(record, CronEntry))
+        entries.append(_with_args(record, CronListed))
     return entries
 
 

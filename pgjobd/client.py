@@ -19,6 +19,7 @@ import asyncpg
 import msgspec
 
 from pgjobd import admin, errors, migrate
+from pgjobd.config import DEFAULT_QUEUE, MAX_ARGS_BYTES
 from pgjobd.duration import to_timedelta
 from pgjobd.errors import DuplicateJob, EnqueueError
 from pgjobd.handler import ArgsError, DurationLike, validate_args
@@ -28,7 +29,6 @@ from pgjobd.queries import Queries, for_schema
 
 # The limits of what a job may hold, as the SQL functions and the job table check them
 # (migrations 0002 and 0005): what every member, role and admin command can read back.
-MAX_ARGS_BYTES = 65536
 MAX_ARGS_DEPTH = 100  # no value at nesting level 100 (the args object is level 0)
 MAX_UNIQUE_KEY_BYTES = 512
 MAX_TENANT_BYTES = 256
@@ -37,7 +37,6 @@ MAX_MAX_ATTEMPTS = 2**31 - 1
 EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
 RUN_AT_BEFORE = datetime(9999, 1, 1, tzinfo=UTC)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-DEFAULT_QUEUE = "default"
 DEFAULT_MAX_ATTEMPTS = 20
 OnConflict = Literal["return", "raise"]
 _COPY_COLUMNS = (

@@ -26,6 +26,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import msgspec
 from croniter import CroniterError, croniter
 
+from pgjobd.cron_schedule import CatchUp
 from pgjobd.duration import EXAMPLES as DURATION_EXAMPLES
 from pgjobd.duration import Duration, parse_duration
 from pgjobd.errors import ConfigError
@@ -34,7 +35,9 @@ from pgjobd.names import kind_name_problem, queue_name_problem, schema_name_prob
 DEFAULT_QUEUE = "default"
 # Searched in this order when neither --config nor $PGJOBD_CONFIG names a file.
 SEARCH_PATHS: tuple[Path, ...] = (Path("pgjobd.toml"), Path("/etc/pgjobd/pgjobd.toml"))
-# Contract §6: args whose JSON text is over 64 KiB are refused at enqueue.
+# Contract §6: args whose JSON text is over 64 KiB are refused at enqueue: by the client
+# before a round trip, and by the SQL function job_problem (migration 0005) for every
+# caller (tests/integration/test_enqueue.py holds the two to the same bound).
 MAX_ARGS_BYTES = 64 * 1024
 INT32_MAX = 2**31 - 1
 CRON_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}")
@@ -44,7 +47,6 @@ CRON_ALIASES = frozenset(
 
 LogFormat = Literal["json", "text"]
 LogLevel = Literal["debug", "info", "warning", "error"]
-CatchUp = Literal["none", "latest", "all"]
 NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
 
 

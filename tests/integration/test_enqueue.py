@@ -333,3 +333,18 @@ async def test_sync_client_enqueues_without_an_event_loop(dsn: str, schema: str)
         assert len(ids) == 1 and ids[0] != job_id
 
     await anyio.to_thread.run_sync(application_code)
+
+
+async def test_sql_functions_hold_the_clients_args_bound(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    """One limit: the SQL function refuses exactly what the client refuses."""
+    fits = await conn.fetchval(
+        f"SELECT {schema}.job_problem('k', '{{}}'::jsonb, $1, 'q', 0, NULL, NULL, 1, NULL, NULL)",
+        MAX_ARGS_BYTES,
+    )
+    over = await conn.fetchval(
+        f"SELECT {schema}.job_problem('k', '{{}}'::jsonb, $1, 'q', 0, NULL, NULL, 1, NULL, NULL)",
+        MAX_ARGS_BYTES + 1,
+    )
+    assert (fits, over) == (None, "args_size")
