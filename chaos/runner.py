@@ -59,13 +59,17 @@ CREATE TABLE IF NOT EXISTS public.chaos_ledger (
     outcome     text        NOT NULL,
     recorded_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-CREATE INDEX IF NOT EXISTS chaos_ledger_job_idx ON public.chaos_ledger (job_id);
+-- One row per execution, whatever the retries: a write whose COMMIT answer was lost
+-- with a restarting server is written again, and must not look like a second run.
+CREATE UNIQUE INDEX IF NOT EXISTS chaos_ledger_execution_idx
+    ON public.chaos_ledger (job_id, attempt, worker_pid, started_at);
 -- Every handler's first act: proof that an attempt reached a handler.
 CREATE TABLE IF NOT EXISTS public.chaos_started (
     job_id      bigint      NOT NULL,
     attempt     integer     NOT NULL,
     worker_pid  integer     NOT NULL,
-    started_at  timestamptz NOT NULL
+    started_at  timestamptz NOT NULL,
+    PRIMARY KEY (job_id, attempt, worker_pid, started_at)
 );
 -- The workload as enqueued: written in the enqueue's own transaction, so an enqueue
 -- whose COMMIT answer was lost (the server died) is known exactly.

@@ -24,11 +24,12 @@ _LEDGER_RETRY_S = 120.0
 _INSERT = (
     "INSERT INTO public.chaos_ledger (job_id, attempt, kind, n, member_pid, worker_pid, "
     "started_at, ended_at, outcome) "
-    "VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7), to_timestamp($8), $9)"
+    "VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7), to_timestamp($8), $9) "
+    "ON CONFLICT DO NOTHING"  # a retry of a write whose COMMIT answer was lost
 )
 _STARTED = (
     "INSERT INTO public.chaos_started (job_id, attempt, worker_pid, started_at) "
-    "VALUES ($1, $2, $3, to_timestamp($4))"
+    "VALUES ($1, $2, $3, to_timestamp($4)) ON CONFLICT DO NOTHING"
 )
 
 
