@@ -137,14 +137,10 @@ ORDER BY h.id, h.finished_at DESC;
 WITH cancelled AS (
     DELETE FROM {{schema}}.job AS j
     WHERE j.id = ANY($1::bigint[]) AND j.state <> 'running'
-    RETURNING j.*
+    RETURNING j AS job, j.id
 ), recorded AS (
-    INSERT INTO {{schema}}.job_history (id, finished_at, run_at, enqueued_at, attempted_at,
-        attempt, max_attempts, priority, state, reason, queue, kind, tenant, unique_key,
-        owner, last_error, args)
-    SELECT c.id, now(), c.run_at, c.enqueued_at, c.attempted_at, c.attempt, c.max_attempts,
-           c.priority, 'cancelled', 'cancelled', c.queue, c.kind, c.tenant, c.unique_key,
-           c.owner, c.last_error, c.args
+    SELECT {{schema}}.job_finish(array_agg(c.job), array_agg('cancelled'::text),
+                                 array_agg((c.job).last_error)) AS written
     FROM cancelled AS c
 ), flagged AS (
     UPDATE {{schema}}.job AS j SET cancel_requested = true
@@ -155,7 +151,8 @@ WITH cancelled AS (
 )
 SELECT ARRAY(SELECT c.id FROM cancelled AS c ORDER BY c.id) AS cancelled,
        ARRAY(SELECT f.id FROM flagged AS f ORDER BY f.id) AS flagged,
-       (SELECT count(*) FROM announced) AS announced;
+       (SELECT count(*) FROM announced) AS announced,
+       (SELECT r.written FROM recorded AS r) AS recorded;  -- (read, so that it runs)
 
 -- name: admin_jobs_make_available
 -- Makes scheduled and retryable jobs among $1 (locked by this transaction) available

@@ -127,18 +127,15 @@ WITH finished AS (
     -- so would invite the planner to scan job_running_idx, whose dead entries from
     -- recently finished jobs it underestimates; "j.id = ANY" makes it look up by key.
     WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.fence = o.fence
-    RETURNING j.*, o.result, o.keep
+    RETURNING j AS job, j.id, j.fence, o.result, o.keep
 ), recorded AS (
-    INSERT INTO {{schema}}.job_history (id, finished_at, run_at, enqueued_at, attempted_at,
-        attempt, max_attempts, priority, state, queue, kind, tenant, unique_key, owner,
-        last_error, args, result)
-    SELECT f.id, now(), f.run_at, f.enqueued_at, f.attempted_at, f.attempt, f.max_attempts,
-           f.priority, 'completed', f.queue, f.kind, f.tenant, f.unique_key, f.owner,
-           f.last_error, f.args, f.result::jsonb
+    SELECT {{schema}}.job_finish(array_agg(f.job), NULL, array_agg((f.job).last_error),
+                                 array_agg(f.result::jsonb))
     FROM finished AS f
     WHERE f.keep
 )
-SELECT f.id, f.fence FROM finished AS f;
+-- (Joined with recorded only so that it runs: a SELECT in WITH runs when read.)
+SELECT f.id, f.fence FROM finished AS f CROSS JOIN recorded;
 
 -- name: job_fail_many
 -- Records a batch of attempts that did not complete, fence-checked like completion.
@@ -179,18 +176,11 @@ WITH o AS (
     USING o
     WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.fence = o.fence
       AND (o.final OR j.cancel_requested)
-    RETURNING j.*, CASE WHEN j.cancel_requested THEN 'cancelled' ELSE o.reason END AS reason,
-              o.error_class, o.error_message, o.keep
+    RETURNING j AS job, j.id, j.fence, j.attempt, j.queue, j.kind,
+              CASE WHEN j.cancel_requested THEN 'cancelled' ELSE o.reason END AS reason,
+              concat_ws(': ', o.error_class, o.error_message) AS error, o.keep
 ), buried AS (
-    INSERT INTO {{schema}}.job_history (id, finished_at, run_at, enqueued_at, attempted_at,
-        attempt, max_attempts, priority, state, reason, queue, kind, tenant, unique_key,
-        owner, last_error, args)
-    SELECT d.id, now(), d.run_at, d.enqueued_at, d.attempted_at, d.attempt, d.max_attempts,
-           d.priority,
-           CASE WHEN d.reason = 'cancelled' THEN 'cancelled' ELSE 'dead' END
-               ::{{schema}}.job_state,
-           d.reason, d.queue, d.kind, d.tenant, d.unique_key, d.owner,
-           concat_ws(': ', d.error_class, d.error_message), d.args
+    SELECT {{schema}}.job_finish(array_agg(d.job), array_agg(d.reason), array_agg(d.error))
     FROM died AS d
     WHERE d.keep
 ), recorded AS (
@@ -205,7 +195,7 @@ WITH o AS (
     FROM recorded AS r JOIN o ON o.id = r.id AND o.fence = r.fence
     WHERE o.outcome NOT IN ('snoozed', 'given_back')
 )
-SELECT r.id, r.fence, r.reason FROM recorded AS r;
+SELECT r.id, r.fence, r.reason FROM recorded AS r CROSS JOIN buried;  -- (as above)
 
 -- name: job_lease_renew
 -- Extends the leases of the jobs this member holds, where its fences still hold. A row

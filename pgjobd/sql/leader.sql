@@ -109,20 +109,15 @@ WITH expired AS (
     DELETE FROM {{schema}}.job AS j
     USING expired AS e
     WHERE j.id = e.id AND (e.spent OR e.poisoned OR e.cancelled)
-    RETURNING j.*, e.lost_by,
+    RETURNING j AS job, j.id, j.attempt, j.queue, j.kind, e.lost_by,
               CASE WHEN e.cancelled THEN 'cancelled'
                    WHEN e.poisoned THEN 'worker_crash'
                    ELSE 'attempts_exhausted' END AS reason
 ), buried AS (
-    INSERT INTO {{schema}}.job_history (id, finished_at, run_at, enqueued_at, attempted_at,
-        attempt, max_attempts, priority, state, reason, queue, kind, tenant, unique_key,
-        owner, last_error, args)
-    SELECT d.id, now(), d.run_at, d.enqueued_at, d.attempted_at, d.attempt, d.max_attempts,
-           d.priority,
-           CASE WHEN d.reason = 'cancelled' THEN 'cancelled' ELSE 'dead' END
-               ::{{schema}}.job_state,
-           d.reason, d.queue, d.kind, d.tenant, d.unique_key, d.lost_by,
-           'LeaseExpired: member ' || d.lost_by || ' stopped renewing the lease', d.args
+    SELECT {{schema}}.job_finish(
+        array_agg(d.job), array_agg(d.reason),
+        array_agg('LeaseExpired: member ' || d.lost_by || ' stopped renewing the lease')
+    ) AS written
     FROM died AS d
 ), attempts AS (
     INSERT INTO {{schema}}.job_attempt (job_id, attempt, queue, kind, member, outcome,
@@ -137,7 +132,8 @@ WITH expired AS (
     FROM (SELECT DISTINCT queue FROM rescued) AS q
 )
 SELECT (SELECT count(*) FROM rescued) AS rescued, (SELECT count(*) FROM died) AS died,
-       (SELECT count(*) FROM woken) AS queues_woken;
+       (SELECT count(*) FROM woken) AS queues_woken,
+       (SELECT b.written FROM buried AS b) AS buried;  -- (read, so that it runs)
 
 -- name: member_forget_gone
 -- Removes member rows whose heartbeat stopped long ago.
