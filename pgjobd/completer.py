@@ -49,11 +49,8 @@ UNSTORABLE = "pgjobd.UnstorableOutcome"
 # SQLSTATE classes that say nothing about a batch's values: the connection, the
 # server's state or resources, privileges, the schema, locks, cancels. Tried again later.
 _NOT_THE_VALUES = frozenset({"08", "25", "28", "3D", "3F", "40", "42", "53", "55", "57", "58"})
-# Outcomes that do not count an attempt, or end the job whatever attempts remain.
-_ATTEMPT_NOT_COUNTED = frozenset({"snoozed", "given_back"})
 # Outcomes logged only at debug level (the hot path).
 _QUIET = frozenset({"completed", "snoozed"})
-_FINAL_AT_ONCE = {"discarded": "discarded", "invalid_args": "invalid_args"}
 
 Write = Callable[[list[Outcome]], Awaitable[None]]
 
@@ -353,19 +350,11 @@ class Completer:
                 )  # fmt: skip
 
     def _failure_row(self, outcome: Outcome) -> tuple[Any, ...]:
-        """(id, fence, outcome, final, reason, delay, error class, message, traceback,
-        duration, keep history) for job_fail_many."""
+        """(id, fence, outcome, max_crashes, delay, error class, message, traceback,
+        duration, keep history) for job_fail_many. Whether the job ends is decided
+        there (job_end_reason, the reaper's rule too); the delay applies if it does not."""
         job = outcome.job
         queue = self._queue(outcome)
-        reason = _FINAL_AT_ONCE.get(outcome.kind)
-        if reason is None and outcome.kind == "crashed" and job.crashes + 1 >= queue.max_crashes:
-            reason = "worker_crash"
-        if (
-            reason is None
-            and outcome.kind not in _ATTEMPT_NOT_COUNTED
-            and job.attempt >= job.max_attempts
-        ):
-            reason = "unknown_kind" if outcome.kind == "unknown_kind" else "attempts_exhausted"
         if outcome.kind in ("retry", "snoozed") and outcome.after_s is not None:
             delay_s = outcome.after_s
         elif outcome.kind == "given_back":
@@ -375,9 +364,9 @@ class Completer:
                 job.attempt, queue.backoff_base.total_seconds(), queue.backoff_max.total_seconds()
             )
         return (
-            job.id, job.fence, outcome.kind, reason is not None, reason,
-            timedelta(seconds=delay_s), outcome.error_class, outcome.error_message,
-            outcome.traceback, outcome.duration_s, queue.history != "none",
+            job.id, job.fence, outcome.kind, queue.max_crashes, timedelta(seconds=delay_s),
+            outcome.error_class, outcome.error_message, outcome.traceback, outcome.duration_s,
+            queue.history != "none",
         )  # fmt: skip
 
 

@@ -139,22 +139,20 @@ SELECT f.id, f.fence FROM finished AS f CROSS JOIN recorded;
 
 -- name: job_fail_many
 -- Records a batch of attempts that did not complete, fence-checked like completion.
--- Jobs to retry (or snoozed, or given back) return to the hot table with run_at = now()
--- + delay; final ones move to history as dead. A job cancelled while it ran
--- (cancel_requested) is not retried: it moves to history as cancelled. Every failed
--- attempt (not a snooze or a give-back) gets one job_attempt row: matched by id and
--- fence, as a batch may hold a stale outcome of the same job. Returns the (id, fence)
--- pairs recorded, each with its reason when it ended (dead: why; or 'cancelled'), else
--- NULL.
--- $1 ids, $2 fences, $3 outcome kinds, $4 final (dead), $5 dead reasons, $6 delays,
--- $7 error classes, $8 error messages, $9 tracebacks, $10 durations (s),
--- $11 keep a history record, $12 member id
+-- Whether a job ends is job_end_reason's rule. Jobs that do not end (retried, snoozed,
+-- or given back) return to the hot table with run_at = now() + delay; the others move
+-- to history, dead or cancelled. Every failed attempt (not a snooze or a give-back)
+-- gets one job_attempt row: matched by id and fence, as a batch may hold a stale
+-- outcome of the same job. Returns the (id, fence) pairs recorded, each with its reason
+-- when it ended (dead: why; or 'cancelled'), else NULL.
+-- $1 ids, $2 fences, $3 outcome kinds, $4 the queues' max_crashes, $5 delays,
+-- $6 error classes, $7 error messages, $8 tracebacks, $9 durations (s),
+-- $10 keep a history record, $11 member id
 WITH o AS (
     SELECT *
-    FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::boolean[], $5::text[],
-                $6::interval[], $7::text[], $8::text[], $9::text[], $10::float8[],
-                $11::boolean[])
-         AS o(id, fence, outcome, final, reason, delay, error_class, error_message,
+    FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::integer[], $5::interval[],
+                $6::text[], $7::text[], $8::text[], $9::float8[], $10::boolean[])
+         AS o(id, fence, outcome, max_crashes, delay, error_class, error_message,
               traceback, duration_s, keep)
 ), retried AS (
     UPDATE {{schema}}.job AS j
@@ -169,15 +167,18 @@ WITH o AS (
         owner = NULL, fence = NULL, lease_expires_at = NULL
     FROM o
     WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.fence = o.fence  -- (see above)
-      AND NOT o.final AND NOT j.cancel_requested
+      AND {{schema}}.job_end_reason(o.outcome, j.attempt, j.max_attempts, j.crashes,
+                                    o.max_crashes, j.cancel_requested) IS NULL
     RETURNING j.id, o.fence, j.attempt, j.queue, j.kind
 ), died AS (
     DELETE FROM {{schema}}.job AS j
     USING o
     WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.fence = o.fence
-      AND (o.final OR j.cancel_requested)
+      AND {{schema}}.job_end_reason(o.outcome, j.attempt, j.max_attempts, j.crashes,
+                                    o.max_crashes, j.cancel_requested) IS NOT NULL
     RETURNING j AS job, j.id, j.fence, j.attempt, j.queue, j.kind,
-              CASE WHEN j.cancel_requested THEN 'cancelled' ELSE o.reason END AS reason,
+              {{schema}}.job_end_reason(o.outcome, j.attempt, j.max_attempts, j.crashes,
+                                        o.max_crashes, j.cancel_requested) AS reason,
               concat_ws(': ', o.error_class, o.error_message) AS error, o.keep
 ), buried AS (
     SELECT {{schema}}.job_finish(array_agg(d.job), array_agg(d.reason), array_agg(d.error))
@@ -190,7 +191,7 @@ WITH o AS (
 ), attempts AS (
     INSERT INTO {{schema}}.job_attempt (job_id, failed_at, duration_s, attempt, queue, kind,
         member, outcome, error_class, error_message, traceback)
-    SELECT o.id, now(), o.duration_s, r.attempt, r.queue, r.kind, $12, o.outcome,
+    SELECT o.id, now(), o.duration_s, r.attempt, r.queue, r.kind, $11, o.outcome,
            o.error_class, o.error_message, o.traceback
     FROM recorded AS r JOIN o ON o.id = r.id AND o.fence = r.fence
     WHERE o.outcome NOT IN ('snoozed', 'given_back')

@@ -73,8 +73,9 @@ SELECT (SELECT count(*) FROM resigned), pg_advisory_unlock($2, $3),
 
 -- name: job_reap_expired
 -- Takes back running jobs whose lease expired (their member died, hung, or lost the
--- database): available again at once, or dead when the attempt was their last or the
--- lease loss is their max_crashes-th, or cancelled if an admin asked for it. Guarded by
+-- database): available again at once, or ended by job_end_reason's rule (outcome
+-- 'lease_expired': dead when the attempt was their last or the lease loss is their
+-- max_crashes-th, or cancelled if an admin asked for it). Guarded by
 -- the row lock and the state: a completion that got there first wins and this changes
 -- nothing for that job.
 -- Nothing is reaped before the term has lasted one lease: a new term follows every
@@ -85,9 +86,10 @@ SELECT (SELECT count(*) FROM resigned), pg_advisory_unlock($2, $3),
 -- $1 term, $2 lease (interval), $3 limit, $4 queue names, $5 their max_crashes,
 -- $6 max_crashes for other queues
 WITH expired AS (
-    SELECT j.id, j.owner AS lost_by, j.cancel_requested AS cancelled,
-           j.attempt >= j.max_attempts AS spent,
-           j.crashes + 1 >= coalesce(qc.max_crashes, $6) AS poisoned
+    SELECT j.id, j.owner AS lost_by,
+           {{schema}}.job_end_reason('lease_expired', j.attempt, j.max_attempts, j.crashes,
+                                     coalesce(qc.max_crashes, $6), j.cancel_requested)
+               AS reason
     FROM {{schema}}.job AS j
     LEFT JOIN unnest($4::text[], $5::integer[]) AS qc(name, max_crashes) ON qc.name = j.queue
     WHERE j.state = 'running' AND j.lease_expires_at < now()
@@ -103,16 +105,13 @@ WITH expired AS (
         lease_expires_at = NULL, crashes = j.crashes + 1,
         last_error = 'LeaseExpired: member ' || e.lost_by || ' stopped renewing the lease'
     FROM expired AS e
-    WHERE j.id = e.id AND NOT e.spent AND NOT e.poisoned AND NOT e.cancelled
+    WHERE j.id = e.id AND e.reason IS NULL
     RETURNING j.id, j.attempt, j.queue, j.kind, e.lost_by
 ), died AS (
     DELETE FROM {{schema}}.job AS j
     USING expired AS e
-    WHERE j.id = e.id AND (e.spent OR e.poisoned OR e.cancelled)
-    RETURNING j AS job, j.id, j.attempt, j.queue, j.kind, e.lost_by,
-              CASE WHEN e.cancelled THEN 'cancelled'
-                   WHEN e.poisoned THEN 'worker_crash'
-                   ELSE 'attempts_exhausted' END AS reason
+    WHERE j.id = e.id AND e.reason IS NOT NULL
+    RETURNING j AS job, j.id, j.attempt, j.queue, j.kind, e.lost_by, e.reason
 ), buried AS (
     SELECT {{schema}}.job_finish(
         array_agg(d.job), array_agg(d.reason),

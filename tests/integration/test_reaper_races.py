@@ -38,7 +38,7 @@ class World:
         if fence is None:
             return False
         rows = await self.conn.fetch(
-            self.q["job_fail_many"], [job_id], [fence], ["failed"], [False], [None],
+            self.q["job_fail_many"], [job_id], [fence], ["failed"], [100],
             [timedelta(0)], ["E"], ["boom"], [None], [0.1], [True], "member-a",
         )  # fmt: skip
         return bool(rows)

@@ -1,12 +1,12 @@
-"""What the completer decides for each outcome: final or not, reason, delay; and the
-backoff it uses. Pure functions: no database."""
+"""The delay the completer gives each outcome, and the backoff it uses. Pure functions:
+no database. (Whether an outcome ends its job is the database's rule, job_end_reason:
+tests/integration/test_end_reason.py.)"""
 
 from __future__ import annotations
 
 import random
 from datetime import UTC, datetime, timedelta
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -14,7 +14,7 @@ from pgjobd.backoff import retry_delay_s
 from pgjobd.completer import Completer
 from pgjobd.config import QueueConfig
 from pgjobd.duration import Duration
-from pgjobd.model import ClaimedJob, Outcome, OutcomeKind
+from pgjobd.model import ClaimedJob, Outcome
 
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
 QUEUE = QueueConfig(
@@ -29,42 +29,18 @@ def claimed(attempt: int = 1, max_attempts: int = 5, crashes: int = 0) -> Claime
     )  # fmt: skip
 
 
-def decide(outcome: Outcome, queue: QueueConfig = QUEUE) -> tuple[bool, str | None, float]:
+def decide(outcome: Outcome, queue: QueueConfig = QUEUE) -> float:
+    """The delay job_fail_many applies if the job runs again."""
     completer = Completer(None, None, "m", {"default": queue}, None)  # type: ignore[arg-type]
-    row = completer._failure_row(outcome)
-    final, reason, delay = row[3], row[4], row[5]
+    delay = completer._failure_row(outcome)[4]
     assert isinstance(delay, timedelta)
-    return final, reason, delay.total_seconds()
-
-
-@pytest.mark.parametrize(
-    ("kind", "attempt", "crashes", "expected"),
-    [
-        ("failed", 1, 0, (False, None)),
-        ("failed", 5, 0, (True, "attempts_exhausted")),
-        ("retry", 5, 0, (True, "attempts_exhausted")),
-        ("crashed", 1, 0, (False, None)),
-        ("crashed", 1, 2, (True, "worker_crash")),  # third crash: quarantined
-        ("crashed", 5, 0, (True, "attempts_exhausted")),
-        ("unknown_kind", 5, 0, (True, "unknown_kind")),
-        ("unknown_kind", 1, 0, (False, None)),
-        ("discarded", 1, 0, (True, "discarded")),
-        ("invalid_args", 1, 0, (True, "invalid_args")),
-        ("snoozed", 5, 0, (False, None)),  # a snooze never spends an attempt
-        ("given_back", 5, 0, (False, None)),
-    ],
-)
-def test_final_and_reason(
-    kind: OutcomeKind, attempt: int, crashes: int, expected: tuple[bool, str | None]
-) -> None:
-    final, reason, _ = decide(Outcome(claimed(attempt, crashes=crashes), kind))
-    assert (final, reason) == expected
+    return delay.total_seconds()
 
 
 def test_retry_and_snooze_use_the_handlers_delay_and_give_back_is_immediate() -> None:
-    assert decide(Outcome(claimed(), "retry", after_s=12.5))[2] == 12.5
-    assert decide(Outcome(claimed(), "snoozed", after_s=300.0))[2] == 300.0
-    assert decide(Outcome(claimed(), "given_back"))[2] == 0.0
+    assert decide(Outcome(claimed(), "retry", after_s=12.5)) == 12.5
+    assert decide(Outcome(claimed(), "snoozed", after_s=300.0)) == 300.0
+    assert decide(Outcome(claimed(), "given_back")) == 0.0
 
 
 @given(attempt=st.integers(min_value=1, max_value=10_000), seed=st.integers())

@@ -37,3 +37,30 @@ BEGIN
     RETURN written;
 END;
 $$;
+
+-- Why an attempt that did not complete ends its job, or NULL when the job runs again:
+-- the one rule for the completer's failures (job_fail_many) and the reaper's expired
+-- leases (job_reap_expired, outcome 'lease_expired'). In order: an admin asked to
+-- cancel it; the handler discarded it or its args were invalid; it crashed (or lost
+-- its lease) for the max_crashes-th time; a snooze or give-back never ends it; else
+-- its attempts are spent. attempt, crashes: the job's, for the attempt that ended.
+-- Inlined into the statements that call it (a single SELECT, IMMUTABLE).
+CREATE FUNCTION {{schema}}.job_end_reason(
+    outcome text, attempt integer, max_attempts integer, crashes integer,
+    max_crashes integer, cancel_requested boolean
+)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN cancel_requested THEN 'cancelled'
+        WHEN outcome IN ('discarded', 'invalid_args') THEN outcome
+        WHEN outcome IN ('crashed', 'lease_expired') AND crashes + 1 >= max_crashes
+            THEN 'worker_crash'
+        WHEN outcome IN ('snoozed', 'given_back') THEN NULL
+        WHEN attempt >= max_attempts
+            THEN CASE WHEN outcome = 'unknown_kind' THEN 'unknown_kind'
+                      ELSE 'attempts_exhausted' END
+    END
+$$;
