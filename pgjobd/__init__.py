@@ -1,12 +1,36 @@
-"""pgjobd: a job scheduler daemon on PostgreSQL."""
+"""pgjobd: a job scheduler daemon on PostgreSQL.
+
+The names below are imported on first use (PEP 562): a handler's `from pgjobd import job,
+JobContext` loads the handler API only, not the client and its asyncpg and anyio, so a
+worker process stays small.
+"""
 
 from __future__ import annotations
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from pgjobd.client import Client, JobInfo, JobSpec, SyncClient
-from pgjobd.errors import DuplicateJob, EnqueueError, PgjobdError
-from pgjobd.handler import Discard, JobContext, Retry, Snooze, job
+if TYPE_CHECKING:
+    from pgjobd.client import Client, JobInfo, JobSpec, SyncClient
+    from pgjobd.errors import DuplicateJob, EnqueueError, PgjobdError
+    from pgjobd.handler import Discard, JobContext, Retry, Snooze, job
+
+_LAZY = {
+    "Client": "pgjobd.client",
+    "JobInfo": "pgjobd.client",
+    "JobSpec": "pgjobd.client",
+    "SyncClient": "pgjobd.client",
+    "DuplicateJob": "pgjobd.errors",
+    "EnqueueError": "pgjobd.errors",
+    "PgjobdError": "pgjobd.errors",
+    "Discard": "pgjobd.handler",
+    "JobContext": "pgjobd.handler",
+    "Retry": "pgjobd.handler",
+    "Snooze": "pgjobd.handler",
+    "job": "pgjobd.handler",
+}
 
 __all__ = [
     "Client",
@@ -23,3 +47,16 @@ __all__ = [
     "__version__",
     "job",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -20,7 +20,7 @@ import anyio
 import asyncpg
 import msgspec
 
-from pgjobd import __version__, admin, config, daemon, dev, log, migrate, worker
+from pgjobd import __version__, admin, config, daemon, dev, log, migrate
 from pgjobd.client import Client
 from pgjobd.duration import parse_duration
 from pgjobd.errors import ConfigError, EnqueueError, PgjobdError, SchemaError
@@ -35,6 +35,13 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["worker"]:
+        # Internal and unlisted: a worker process, as `python -m pgjobd.worker` (what the
+        # supervisor runs). Imported only here: the daemon never loads the child's module.
+        from pgjobd import worker  # noqa: PLC0415 (see above)
+
+        return worker.command(worker.parse_args(argv[1:]))
     parser = _parser()
     args = parser.parse_args(argv)
     command: Command = args.command
@@ -105,11 +112,6 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_arguments(p)
     p.set_defaults(command=dev.run)
 
-    # Internal: a worker process of the daemon's supervisor (pgjobd.worker). No help=:
-    # argparse lists only subcommands given one (help=SUPPRESS prints "==SUPPRESS==").
-    p = sub.add_parser("worker")
-    worker.add_arguments(p)
-    p.set_defaults(command=worker.command)
     return parser
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncpg
+from typing import TYPE_CHECKING, Any
 
 
 class PgjobdError(Exception):
@@ -46,19 +46,35 @@ ENQUEUE_SQLSTATES = frozenset(
 )
 
 # Errors after which the same operation may succeed if simply tried again: the network,
-# a restarting server, serialization failures and deadlocks.
-TRANSIENT: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.exceptions.ConnectionDoesNotExistError,
-    asyncpg.exceptions.InterfaceError,
-    # A connection left mid-operation when the server went away ("cannot switch to
-    # state ..."): retried on a fresh connection; the pool discards this one.
-    asyncpg.exceptions.InternalClientError,
-    asyncpg.exceptions.PostgresConnectionError,
-    asyncpg.exceptions.CannotConnectNowError,
-    asyncpg.exceptions.AdminShutdownError,
-    asyncpg.exceptions.CrashShutdownError,
-    asyncpg.exceptions.SerializationError,
-    asyncpg.exceptions.DeadlockDetectedError,
-)
+# a restarting server, serialization failures and deadlocks. Built on first use (PEP 562):
+# a worker process imports this module, through the handler API, but never asyncpg.
+if TYPE_CHECKING:
+    TRANSIENT: tuple[type[BaseException], ...]
+
+
+def _transient() -> tuple[type[BaseException], ...]:
+    import asyncpg  # noqa: PLC0415 (lazy: see above)
+
+    return (
+        OSError,
+        TimeoutError,
+        asyncpg.exceptions.ConnectionDoesNotExistError,
+        asyncpg.exceptions.InterfaceError,
+        # A connection left mid-operation when the server went away ("cannot switch to
+        # state ..."): retried on a fresh connection; the pool discards this one.
+        asyncpg.exceptions.InternalClientError,
+        asyncpg.exceptions.PostgresConnectionError,
+        asyncpg.exceptions.CannotConnectNowError,
+        asyncpg.exceptions.AdminShutdownError,
+        asyncpg.exceptions.CrashShutdownError,
+        asyncpg.exceptions.SerializationError,
+        asyncpg.exceptions.DeadlockDetectedError,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TRANSIENT":
+        value = _transient()
+        globals()["TRANSIENT"] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

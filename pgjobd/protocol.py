@@ -12,6 +12,8 @@ stdout (the child moves its own prints to stderr before it sends anything).
                       Done(job_id, ...)     the end of one job it held
 
 Job args travel as the JSON text PostgreSQL returned and are decoded only in the child.
+This module is the child's side (ChildChannel, plain asyncio) and what both sides share;
+the parent's end, on anyio, is pgjobd.channel. A worker imports neither anyio nor asyncpg.
 """
 
 from __future__ import annotations
@@ -19,16 +21,23 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-import anyio
 import msgspec
-from anyio.abc import ByteReceiveStream, ByteSendStream
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from pgjobd.errors import PgjobdError
 from pgjobd.model import ClaimedJob, KindInfo, OutcomeKind
+
+# A worker's exit status, as its parent reads it (the parent never imports pgjobd.worker).
+EXIT_OK = 0
+# Orphaned (the parent is gone), it abandoned jobs still running past their timeouts.
+EXIT_ABANDONED = 1
+# Its handlers failed to load (after a BootFailed): a boot failure, not a crash.
+EXIT_BOOT = 3
+# The pipe to the parent broke under a write (a handler closed or took over the
+# descriptor): no outcome can reach the parent any more, so it ended at once.
+EXIT_CHANNEL_BROKEN = 4
 
 HEADER = struct.Struct(">I")
 # Job args are capped far lower at enqueue (client.MAX_ARGS_BYTES); results and
@@ -114,52 +123,6 @@ class Decoder(Generic[M]):
             return self._decoder.decode(body)
         except msgspec.DecodeError as e:
             raise ProtocolError(f"undecodable frame: {e}") from None
-
-
-class Channel(Generic[M]):
-    """The parent's end of a pipe pair: framed sends and receives over anyio byte streams.
-
-    Sends are serialized by a lock, so tasks may share a channel. `receive` raises
-    anyio.EndOfStream at a clean end of input (between frames) and ProtocolError at a
-    truncated or bad frame.
-    """
-
-    def __init__(self, send: ByteSendStream, receive: ByteReceiveStream, incoming: Any) -> None:
-        self._out = send
-        self._in = BufferedByteReceiveStream(receive)
-        self._decoder: Decoder[M] = Decoder(incoming)
-        self._lock = anyio.Lock()
-
-    async def send(self, message: Message) -> None:
-        """Send one message; anyio.BrokenResourceError if the other end is gone."""
-        await self.send_many([message])
-
-    async def send_many(self, messages: Sequence[Message]) -> None:
-        """Send messages in one write (one system call for a whole claimed batch)."""
-        frames = b"".join(encode_frame(message) for message in messages)
-        async with self._lock:
-            try:
-                await self._out.send(frames)
-            except (OSError, RuntimeError) as e:  # a pipe closed under a write
-                raise anyio.BrokenResourceError(str(e)) from e
-
-    async def receive(self) -> M:
-        try:
-            header = await self._in.receive_exactly(HEADER.size)
-        except anyio.IncompleteRead:
-            if self._in.buffer:
-                raise ProtocolError("input ended inside a frame header") from None
-            raise anyio.EndOfStream from None
-        length = frame_length(header)
-        try:
-            body = await self._in.receive_exactly(length)
-        except anyio.IncompleteRead:
-            raise ProtocolError(f"input ended inside a frame of {length} bytes") from None
-        return self._decoder.decode(body)
-
-    async def aclose(self) -> None:
-        await self._out.aclose()
-        await self._in.aclose()
 
 
 class ChildChannel:

@@ -56,13 +56,14 @@ from anyio.abc import Process, TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
 from pgjobd import metrics
+from pgjobd.channel import Channel
 from pgjobd.config import QueueConfig
 from pgjobd.errors import ConfigError
 from pgjobd.model import ClaimedJob, KindInfo, Outcome
 from pgjobd.protocol import (
+    EXIT_BOOT,
     BootFailed,
     Cancel,
-    Channel,
     Done,
     ProtocolError,
     Ready,
@@ -70,7 +71,6 @@ from pgjobd.protocol import (
     Stop,
     ToParent,
 )
-from pgjobd.worker import EXIT_BOOT
 
 log = logging.getLogger(__name__)
 
@@ -363,7 +363,7 @@ class WorkerPool:
         return sorted(booted, key=lambda c: c.index)
 
     async def _spawn(self, index: int, slots: int) -> _Child:
-        command = [sys.executable, "-m", "pgjobd", "worker", "--queue", self.queue]
+        command = [sys.executable, "-m", "pgjobd.worker", "--queue", self.queue]
         for directory in self.handler_dirs:
             command += ["--handler-dir", str(directory)]
         command += ["--slots", str(slots)]

@@ -1,8 +1,12 @@
 """A worker process: imports the handler directories and runs the jobs its parent sends.
 
-Started by the supervisor as `python -m pgjobd worker --queue Q --handler-dir D --slots N`
-(an internal, hidden subcommand). It has no database access: jobs come in as Run frames
-on stdin and leave as Done frames on the original stdout (see pgjobd.protocol).
+Started by the supervisor as `python -m pgjobd.worker --queue Q --handler-dir D --slots N`
+(`pgjobd worker ...`, a hidden subcommand, is the same). It has no database access: jobs
+come in as Run frames on stdin and leave as Done frames on the original stdout (see
+pgjobd.protocol). It imports only what running handlers needs: the protocol, the handler
+API, msgspec, uvloop and logging; never anyio, asyncpg or the daemon's modules (a
+handler importing `pgjobd` gets its lazy package root). tests/process/test_worker.py
+holds it to that.
 
 - Frames go over a private duplicate of fd 1; fd 1 then points at stderr, so a handler's
   print() lands in the daemon's log instead of corrupting the stream. fd 0 becomes
@@ -11,8 +15,8 @@ on stdin and leave as Done frames on the original stdout (see pgjobd.protocol).
   environment the supervisor sets): every line logged while a job runs carries its id,
   kind, queue and attempt, and in JSON mode print() output becomes JSON lines too.
 - A handler module that fails to import: the error goes to stderr and, as BootFailed, to
-  the parent; the process exits with status 3 (EXIT_BOOT), which the parent treats as a
-  boot failure rather than a crash.
+  the parent; the process exits with status 3 (protocol.EXIT_BOOT), which the parent
+  treats as a boot failure rather than a crash.
 - Signals: SIGTERM, SIGINT and SIGHUP are ignored: the parent drives shutdown (it starts
   each worker in a session of its own, but a signal sent to every process of a cgroup,
   as init systems do, must not stop a worker behind the parent's back). Stop or the end
@@ -65,6 +69,10 @@ from pgjobd.handlers import PACKAGE_ROOT, Registry, load_directories
 from pgjobd.model import ClaimedJob, KindInfo
 from pgjobd.outcome import MAX_MESSAGE_CHARS, MAX_RESULT_BYTES, MAX_TRACEBACK_CHARS, storable
 from pgjobd.protocol import (
+    EXIT_ABANDONED,
+    EXIT_BOOT,
+    EXIT_CHANNEL_BROKEN,
+    EXIT_OK,
     BootFailed,
     Cancel,
     ChildChannel,
@@ -76,27 +84,23 @@ from pgjobd.protocol import (
     encode_frame,
 )
 
-EXIT_OK = 0
-EXIT_ABANDONED = 1
-EXIT_BOOT = 3
-# The pipe to the parent broke under a write (a handler closed or took over the
-# descriptor): no outcome can reach the parent any more, so end at once.
-EXIT_CHANNEL_BROKEN = 4
 ORPHAN_GRACE_S = 5.0
 
 log = logging.getLogger("pgjobd.worker")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m pgjobd.worker")
     parser.add_argument("--queue", required=True)
     parser.add_argument(
         "--handler-dir", dest="handler_dirs", action="append", required=True, type=Path
     )
     parser.add_argument("--slots", type=int, required=True)
+    return parser.parse_args(argv)
 
 
 def command(args: argparse.Namespace) -> int:
-    """The `pgjobd worker` subcommand. Never returns: it ends the process itself."""
+    """`python -m pgjobd.worker` (and `pgjobd worker`). Never returns: it ends the process."""
     code = main(args.queue, args.handler_dirs, args.slots)
     # Skip interpreter teardown: a daemon thread still inside a handler could stall it.
     logging.shutdown()
@@ -426,3 +430,7 @@ def _cause_fields(outcome: BaseException) -> dict[str, Any]:
     if cause is not None:
         return _error_fields(cause)
     return {"error_class": class_name(type(outcome)), "error_message": str(outcome) or None}
+
+
+if __name__ == "__main__":
+    command(parse_args(sys.argv[1:]))

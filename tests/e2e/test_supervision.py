@@ -131,7 +131,8 @@ def _worker_pid(parent: int, queue: str) -> int | None:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if f"\nPPid:\t{parent}\n" in status and b"worker" in cmdline and queue.encode() in cmdline:
+        is_worker = b"pgjobd.worker" in cmdline and queue.encode() in cmdline
+        if f"\nPPid:\t{parent}\n" in status and is_worker:
             return int(proc.name)
     return None
 

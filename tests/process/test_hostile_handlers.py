@@ -249,7 +249,7 @@ async def test_give_back_all_kills_before_it_gives_back(tmp_path: Path) -> None:
 INTERMEDIATE = """
 import os, subprocess, sys
 worker = subprocess.Popen(
-    [sys.executable, "-m", "pgjobd", "worker", "--queue", "default",
+    [sys.executable, "-m", "pgjobd.worker", "--queue", "default",
      "--handler-dir", sys.argv[1], "--slots", "2"],
     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(sys.argv[3], "wb"),
 )

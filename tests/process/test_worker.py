@@ -10,7 +10,8 @@ import anyio
 import pytest
 from anyio.abc import Process
 
-from pgjobd.protocol import Channel, Done, Ready, Run, Stop, ToParent
+from pgjobd.channel import Channel
+from pgjobd.protocol import EXIT_BOOT, Done, Ready, Run, Stop, ToParent, encode_frame
 
 from .handlers_source import SOURCE
 from .test_supervisor import WAIT_S, handler_dir, make_job
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.anyio
 
 async def start_worker(tmp_path: Path) -> tuple[Process, Channel[ToParent], Ready]:
     directory = handler_dir(tmp_path, {"jobs.py": SOURCE})
-    command = [sys.executable, "-m", "pgjobd", "worker", "--queue", "default",
+    command = [sys.executable, "-m", "pgjobd.worker", "--queue", "default",
                "--handler-dir", str(directory), "--slots", "2"]  # fmt: skip
     process = await anyio.open_process(command, stderr=None)
     assert process.stdin is not None and process.stdout is not None
@@ -61,13 +62,15 @@ async def test_stop_finishes_what_it_holds_then_exits_0(tmp_path: Path) -> None:
             assert await process.wait() == 0
 
 
-async def test_import_failure_exits_3(tmp_path: Path) -> None:
+@pytest.mark.parametrize("entry", [["-m", "pgjobd.worker"], ["-m", "pgjobd", "worker"]])
+async def test_import_failure_exits_3(tmp_path: Path, entry: list[str]) -> None:
+    """Also through `pgjobd worker`, the hidden alias of `python -m pgjobd.worker`."""
     directory = handler_dir(tmp_path, {"bad.py": "import no_such_module_here\n"})
-    command = [sys.executable, "-m", "pgjobd", "worker", "--queue", "default",
+    command = [sys.executable, *entry, "--queue", "default",
                "--handler-dir", str(directory), "--slots", "1"]  # fmt: skip
     with anyio.fail_after(WAIT_S):
         result = await anyio.run_process(command, check=False)
-    assert result.returncode == 3
+    assert result.returncode == EXIT_BOOT == 3
     assert b"bad.py" in result.stderr and b"no_such_module_here" in result.stderr
 
 
@@ -96,3 +99,31 @@ async def test_sigterm_and_sigint_are_ignored(tmp_path: Path) -> None:
         await channel.send(Stop())
         with anyio.fail_after(WAIT_S):
             assert await process.wait() == 0
+
+
+# What a worker process must never load: the database driver, anyio, the daemon's and the
+# client's modules. Its handlers here do `import pgjobd` and `from pgjobd import job, ...`.
+NOT_IN_A_WORKER = ("asyncpg", "anyio", "pgjobd.client", "pgjobd.channel", "pgjobd.config",
+                   "pgjobd.supervisor", "pgjobd.daemon", "pgjobd.cli", "pgjobd.db")  # fmt: skip
+
+
+async def test_a_worker_imports_only_what_it_needs(tmp_path: Path) -> None:
+    """Every module a booted worker imported (-X importtime lists each on stderr)."""
+    directory = handler_dir(tmp_path, {"jobs.py": SOURCE})
+    assert "from pgjobd import" in SOURCE
+    command = [sys.executable, "-X", "importtime", "-m", "pgjobd.worker", "--queue",
+               "default", "--handler-dir", str(directory), "--slots", "1"]  # fmt: skip
+    with anyio.fail_after(WAIT_S):
+        result = await anyio.run_process(command, input=encode_frame(Stop()), check=False)
+    assert result.returncode == 0, result.stderr.decode()
+    imported = {
+        line.rsplit("|", 1)[1].strip()
+        for line in result.stderr.decode().splitlines()
+        if line.startswith("import time:") and line.count("|") == 2
+    }
+    assert {"pgjobd.protocol", "pgjobd.handler", "pgjobd.handlers", "msgspec"} <= imported
+    loaded = sorted(
+        name for name in imported
+        if any(name == top or name.startswith(top + ".") for top in NOT_IN_A_WORKER)
+    )  # fmt: skip
+    assert loaded == []

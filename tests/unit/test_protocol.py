@@ -1,4 +1,4 @@
-"""The pipe protocol's framing (pgjobd/protocol.py), property-tested.
+"""The pipe protocol's framing (pgjobd/protocol.py, pgjobd/channel.py), property-tested.
 
 Frames travel over real anyio streams: memory object streams of byte chunks, where the
 test chooses every chunk boundary, and real os.pipe pairs between a parent Channel and
@@ -22,13 +22,13 @@ from anyio.streams.file import FileReadStream, FileWriteStream
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pgjobd.channel import Channel
 from pgjobd.model import ClaimedJob, KindInfo
 from pgjobd.protocol import (
     HEADER,
     MAX_FRAME,
     BootFailed,
     Cancel,
-    Channel,
     ChildChannel,
     Decoder,
     Done,

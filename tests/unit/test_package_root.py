@@ -1,0 +1,58 @@
+"""The package root imports lazily: a handler's `from pgjobd import job` stays small."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import asyncpg
+import pytest
+
+import pgjobd
+from pgjobd import admin, client, errors, handler  # submodules: past the lazy names
+from pgjobd.errors import TRANSIENT
+
+
+def _modules_after(code: str) -> set[str]:
+    """The modules a fresh interpreter holds after running code."""
+    probe = code + "\nimport sys\nprint('\\n'.join(sys.modules))"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    return set(result.stdout.split())
+
+
+def test_the_handler_api_does_not_load_the_client() -> None:
+    loaded = _modules_after(
+        "import pgjobd\nfrom pgjobd import Discard, JobContext, Retry, Snooze, job"
+    )
+    assert "pgjobd.handler" in loaded
+    assert not {"pgjobd.client", "asyncpg", "anyio"} & loaded
+
+
+def test_the_client_loads_on_first_use() -> None:
+    loaded = _modules_after("import pgjobd\npgjobd.Client")
+    assert {"pgjobd.client", "asyncpg"} <= loaded
+
+
+def test_every_exported_name_resolves() -> None:
+    homes = {"Client": client, "SyncClient": client, "JobSpec": client, "JobInfo": client,
+             "DuplicateJob": errors, "EnqueueError": errors, "PgjobdError": errors,
+             "job": handler, "JobContext": handler, "Retry": handler, "Snooze": handler,
+             "Discard": handler}  # fmt: skip
+    assert set(pgjobd.__all__) == {*homes, "__version__"}
+    for name, module in homes.items():
+        assert getattr(pgjobd, name) is getattr(module, name)
+    assert set(pgjobd.__all__) <= set(dir(pgjobd))
+
+
+def test_unknown_names_and_submodules() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'Clint'"):
+        pgjobd.Clint  # noqa: B018
+    assert admin.__name__ == "pgjobd.admin"
+
+
+def test_errors_builds_transient_on_first_use() -> None:
+    loaded = _modules_after("import pgjobd.errors")
+    assert "asyncpg" not in loaded
+    assert OSError in TRANSIENT and asyncpg.exceptions.DeadlockDetectedError in TRANSIENT
