@@ -2,8 +2,9 @@
 
 Every enqueue is checked here first (cheap, no round trip), then written by the
 database: single jobs and batches with unique keys through the schema's SQL
-``enqueue_many`` function (the same code path SQL callers use), plain batches by COPY,
-which measured about twice as fast (bench/enqueue.py).
+``enqueue_many`` function (the same code path SQL callers use), plain batches by COPY
+into a session's staging table, inserted from there with the SQL functions' own
+defaults (``job_defaults``), which measured faster (bench/enqueue.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import asyncpg
 import msgspec
 
 from pgjobd import admin, errors, migrate
-from pgjobd.config import DEFAULT_QUEUE, MAX_ARGS_BYTES
+from pgjobd.config import MAX_ARGS_BYTES
 from pgjobd.duration import to_timedelta
 from pgjobd.errors import DuplicateJob, EnqueueError
 from pgjobd.handler import ArgsError, DurationLike, validate_args
@@ -37,10 +38,11 @@ MAX_MAX_ATTEMPTS = 2**31 - 1
 EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
 RUN_AT_BEFORE = datetime(9999, 1, 1, tzinfo=UTC)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-DEFAULT_MAX_ATTEMPTS = 20
 OnConflict = Literal["return", "raise"]
-_COPY_COLUMNS = (
-    "id", "state", "queue", "kind", "priority", "run_at", "args", "max_attempts", "tenant",
+# The session's staging table of the COPY path (job_stage_create).
+_STAGE = "pgjobd_enqueue_stage"
+_STAGE_COLUMNS = (
+    "ord", "kind", "args", "queue", "priority", "run_at", "delay", "tenant", "max_attempts",
 )  # fmt: skip
 _json_encoder = msgspec.json.Encoder()
 # A "\u0000" escape in JSON text: preceded by an even number of backslashes (an odd
@@ -366,46 +368,22 @@ class Client:
     async def _copy_in_transaction(
         self, conn: asyncpg.Connection, jobs: Sequence[_Checked]
     ) -> list[int]:
-        kinds = sorted({j.kind for j in jobs})
-        prep = await conn.fetchrow(self._q["job_copy_prepare"], len(jobs), kinds)
-        now: datetime = prep["now"]
-        declared = {
-            kind: (queue, priority, attempts)
-            for kind, queue, priority, attempts in zip(
-                prep["kinds"],
-                prep["queues"],
-                prep["priorities"],
-                prep["max_attempts"],
-                strict=True,
-            )
-        }
-        ids: list[int] = prep["ids"]
-        records: list[tuple[Any, ...]] = []
-        ready_queues = set()
-        for job_id, job in zip(ids, jobs, strict=True):
-            kind_queue, kind_priority, kind_attempts = declared.get(job.kind, (None, None, None))
-            queue = job.queue or kind_queue or DEFAULT_QUEUE
-            run_at = job.run_at or (now + job.delay if job.delay else now)
-            if run_at >= RUN_AT_BEFORE:  # a delay that fit by this host's clock only
-                raise EnqueueError(f"job {len(records) + 1}: {_delay_too_long(job.delay)}")
-            if run_at <= now:
-                state = "available"
-                ready_queues.add(queue)
-            else:
-                state = "scheduled"
-            priority = job.priority if job.priority is not None else (kind_priority or 0)
-            attempts = job.max_attempts or kind_attempts or DEFAULT_MAX_ATTEMPTS
-            records.append((job_id, state, queue, job.kind, priority, run_at, job.args_json,
-                            attempts, job.tenant))  # fmt: skip
+        """COPY the jobs into the session's staging table, then insert them from there
+        with the SQL functions' own defaults (job_defaults)."""
+        await conn.execute(self._q["job_stage_create"])
+        records = [
+            (ord_, j.kind, j.args_json, j.queue, j.priority, j.run_at, j.delay, j.tenant,
+             j.max_attempts)
+            for ord_, j in enumerate(jobs, start=1)
+        ]  # fmt: skip
+        await conn.copy_records_to_table(
+            _STAGE, schema_name="pg_temp", columns=_STAGE_COLUMNS, records=records
+        )
         try:
-            await conn.copy_records_to_table(
-                "job", schema_name=self.schema, columns=_COPY_COLUMNS, records=records
-            )
+            rows = await conn.fetch(self._q["job_enqueue_staged"])
         except asyncpg.CheckViolationError as e:
             raise EnqueueError(f"the database rejected a job: {e}") from None
-        if ready_queues:
-            await conn.execute(self._q["job_notify_ready"], sorted(ready_queues))
-        return ids
+        return [row["id"] for row in rows]
 
     async def _run(
         self, conn: asyncpg.Connection | None, method: str, sql: str, params: Sequence[Any]

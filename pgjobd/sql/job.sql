@@ -17,23 +17,56 @@ FROM {{schema}}.enqueue_many($1, $2::text[]::jsonb[], $3, $4, $5, $6, $7, $8, $9
                              ARRAY(SELECT octet_length(t) FROM unnest($2::text[]) AS t)) AS e
 ORDER BY e.ord;
 
--- name: job_copy_prepare
--- Everything a COPY of $1 new jobs needs, in one round trip: the transaction's clock
--- (the same now() the rows' defaults will use), ids drawn in order, and the declared
--- defaults of the kinds in $2.
--- $1 job count, $2 distinct kinds
-SELECT now() AS now,
-       ARRAY(SELECT nextval('{{schema}}.job_id_seq') FROM generate_series(1, $1)) AS ids,
-       ARRAY(SELECT k.name FROM {{schema}}.kind AS k WHERE k.name = ANY($2)) AS kinds,
-       ARRAY(SELECT k.queue FROM {{schema}}.kind AS k WHERE k.name = ANY($2)) AS queues,
-       ARRAY(SELECT k.priority FROM {{schema}}.kind AS k WHERE k.name = ANY($2)) AS priorities,
-       ARRAY(SELECT k.max_attempts FROM {{schema}}.kind AS k WHERE k.name = ANY($2))
-           AS max_attempts;
+-- name: job_stage_create
+-- The session's staging table for the client's COPY path (a temp table: each session
+-- has its own, and nothing of it is logged). Emptied by job_enqueue_staged, which reads
+-- it, and physically at every commit.
+CREATE TEMP TABLE IF NOT EXISTS pgjobd_enqueue_stage (
+    ord          integer NOT NULL,
+    kind         text,
+    args         text,
+    queue        text,
+    priority     integer,
+    run_at       timestamptz,
+    delay        interval,
+    tenant       text,
+    max_attempts integer
+) ON COMMIT DELETE ROWS;
 
--- name: job_notify_ready
--- One wake-up per queue that received jobs it can run now.
--- $1 queues
-SELECT pg_notify('{{schema}}.job_ready', q) FROM unnest($1::text[]) AS q;
+-- name: job_enqueue_staged
+-- The jobs COPYed into the staging table, inserted with job_defaults
+-- (the defaults of enqueue and enqueue_many), ids drawn in that order; wakes the
+-- queues of jobs due now. Empties the staging table. Returns the ids in `ord` order.
+-- The client has checked every job as enqueue_many would; the table's checks and
+-- domains still apply.
+-- (no parameters)
+WITH staged AS (
+    DELETE FROM pg_temp.pgjobd_enqueue_stage RETURNING *
+), resolved AS (
+    SELECT o.*, nextval('{{schema}}.job_id_seq') AS id  -- drawn in input order
+    FROM (
+        SELECT s.ord, s.kind, s.args, s.tenant, d.*
+        FROM staged AS s
+        LEFT JOIN {{schema}}.kind AS k ON k.name = s.kind
+        CROSS JOIN LATERAL {{schema}}.job_defaults(
+            k.queue, k.priority, k.max_attempts, s.queue, s.priority, s.run_at, s.delay,
+            s.max_attempts) AS d
+        ORDER BY s.ord
+    ) AS o
+), inserted AS (
+    -- No RETURNING: the producer role may insert into job but not read it.
+    INSERT INTO {{schema}}.job (id, state, queue, kind, priority, run_at, args, max_attempts,
+                                tenant)
+    SELECT r.id, r.state, r.queue, r.kind, r.priority, r.run_at, r.args::jsonb,
+           r.max_attempts, r.tenant
+    FROM resolved AS r
+), woken AS (
+    SELECT pg_notify('{{schema}}.job_ready', q.queue)
+    FROM (SELECT DISTINCT r.queue FROM resolved AS r WHERE r.state = 'available') AS q
+)
+SELECT r.id FROM resolved AS r
+WHERE (SELECT count(*) FROM woken) >= 0  -- (read, so that it runs)
+ORDER BY r.ord;
 
 -- name: job_get
 -- A job by id: live from the hot table, else its final record.

@@ -348,3 +348,64 @@ async def test_sql_functions_hold_the_clients_args_bound(
         MAX_ARGS_BYTES + 1,
     )
     assert (fits, over) == (None, "args_size")
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    declared=st.booleans(),
+    queue=st.none() | st.just("given"),
+    priority=st.none() | st.integers(-3, 3),
+    max_attempts=st.none() | st.integers(1, 3),
+    when=st.sampled_from(["now", "delay", "past", "future"]),
+)
+async def test_every_enqueue_path_applies_the_same_defaults(
+    client: Client,
+    conn: asyncpg.Connection,
+    schema: str,
+    declared: bool,
+    queue: str | None,
+    priority: int | None,
+    max_attempts: int | None,
+    when: str,
+) -> None:
+    """The COPY path, enqueue_many and enqueue: one set of defaults (job_defaults)."""
+    await conn.execute(f"DELETE FROM {schema}.kind")
+    if declared:
+        await conn.execute(
+            f"INSERT INTO {schema}.kind (name, queue, priority, max_attempts) "
+            "VALUES ('k', 'declared', 7, 9)"
+        )
+    now = datetime.now(UTC)
+    timing: dict[str, object] = {
+        "now": {},
+        "delay": {"delay": timedelta(hours=1)},
+        "past": {"run_at": now - timedelta(days=1)},
+        "future": {"run_at": now + timedelta(days=1)},
+    }[when]  # type: ignore[assignment]
+    options = dict(queue=queue, priority=priority, max_attempts=max_attempts, **timing)
+    by_copy = (await client.enqueue_many([("k", {})], **options))[0]  # type: ignore[arg-type]
+    by_function = (
+        await client.enqueue_many([JobSpec("k", {}, unique_key=f"u{by_copy}", **options)])  # type: ignore[arg-type]
+    )[0]
+    single = await client.enqueue("k", {}, **options)  # type: ignore[arg-type]
+    rows = [await _row(conn, schema, i) for i in (by_copy, by_function, single)]
+    shapes = {
+        (r["queue"], r["priority"], r["max_attempts"], r["state"], r["run_at"] > now) for r in rows
+    }
+    assert len(shapes) == 1, rows
+    if "run_at" in timing:
+        assert {r["run_at"] for r in rows} == {timing["run_at"]}
+
+
+async def test_two_copy_batches_in_one_caller_transaction(
+    client: Client, conn: asyncpg.Connection, schema: str
+) -> None:
+    """The staging table is emptied by each batch, not only at commit."""
+    async with conn.transaction():
+        first = await client.enqueue_many([("k", {"n": 1}), ("k", {"n": 2})], conn=conn)
+        second = await client.enqueue_many([("k", {"n": 3})], conn=conn)
+    assert len(first) == 2 and len(second) == 1
+    rows = [await _row(conn, schema, i) for i in (*first, *second)]
+    assert [r["args"] for r in rows] == ['{"n": 1}', '{"n": 2}', '{"n": 3}']
