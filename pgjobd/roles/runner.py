@@ -15,6 +15,7 @@ from pgjobd import backoff, metrics
 from pgjobd.config import Config
 from pgjobd.errors import TRANSIENT
 from pgjobd.leader import Leadership
+from pgjobd.member import LiveConfig
 from pgjobd.queries import Queries
 from pgjobd.roles import Deposed, Role, RoleContext
 
@@ -27,14 +28,15 @@ class RoleRunner:
         pool: asyncpg.Pool,
         *,
         queries: Queries,
-        config: Config,
+        config: Config | LiveConfig,
         member_id: str,
         roles: Sequence[Role],
         changes: MemoryObjectReceiveStream[Leadership],
     ) -> None:
         self.pool = pool
         self.q = queries
-        self.config = config
+        # A member's LiveConfig: a SIGHUP reload publishes its new config there.
+        self.live = config if isinstance(config, LiveConfig) else LiveConfig(config)
         self.member_id = member_id
         self.roles = roles
         self.changes = changes
@@ -42,6 +44,10 @@ class RoleRunner:
         self.term = 0
         self.ticks: dict[str, int] = {}
         self.errors: dict[str, int] = {}
+
+    @property
+    def config(self) -> Config:
+        return self.live.current
 
     async def run(self) -> None:
         try:

@@ -1,0 +1,211 @@
+"""The member's workers: one generation of worker pools (and their producers) per
+version of the config. A reload starts a new generation; the old one stops claiming,
+finishes the jobs it holds, and goes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
+
+from pgjobd import db
+from pgjobd import log as pgjobd_log
+from pgjobd.completer import Completer
+from pgjobd.config import DEFAULT_QUEUE, Config, QueueConfig
+from pgjobd.errors import ConfigError, PgjobdError, SchemaError
+from pgjobd.member import HeldJobs, MemberContext, watched
+from pgjobd.model import KindInfo, Outcome
+from pgjobd.notifier import Notifier
+from pgjobd.producer import Producer
+from pgjobd.supervisor import WorkerPool
+
+
+@dataclass(eq=False)
+class Generation:
+    """The worker pools (and their producers) started for one version of the config."""
+
+    number: int
+    config: Config
+    workers: dict[str, WorkerPool]
+    kinds: list[KindInfo] = field(default_factory=list)
+    producers: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    pools: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    claimers: list[Producer] = field(default_factory=list)
+    # Set when its producers have ended: no claim of theirs is in flight any more.
+    producers_done: anyio.Event = field(default_factory=anyio.Event)
+
+    def stop_claiming(self, within_s: float) -> None:
+        """No more claims for these workers; one in flight still hands its jobs over
+        (they are given back, as the pools take no more), within `within_s`."""
+        for claimer in self.claimers:
+            claimer.stop(within_s)
+        self.producers.cancel()
+        for worker_pool in self.workers.values():
+            worker_pool.drain()
+
+
+class Generations:
+    """Every generation still running on this member, oldest first.
+
+    The supervisor hands over the scopes they run in: `pools_tg` (the worker pools,
+    which outlive intake) and `intake_tg` (the producers)."""
+
+    def __init__(
+        self,
+        ctx: MemberContext,
+        outcomes: MemoryObjectSendStream[Outcome],
+        completer: Completer,
+        notifier: Notifier,
+    ) -> None:
+        self.ctx = ctx
+        self.outcomes = outcomes  # each pool sends through a clone
+        self.completer = completer
+        self.notifier = notifier
+        self.running: list[Generation] = []
+        self.pools_tg: TaskGroup | None = None
+        self.intake_tg: TaskGroup | None = None
+
+    def held(self) -> HeldJobs:
+        return {
+            key: (pool, job)
+            for generation in self.running
+            for pool in generation.workers.values()
+            for key, job in pool.held().items()
+        }
+
+    def current_pools(self) -> dict[str, WorkerPool]:
+        """The newest generation's pools (older ones only finish what they hold)."""
+        return self.running[-1].workers if self.running else {}
+
+    def all_pools(self) -> list[WorkerPool]:
+        return [pool for generation in self.running for pool in generation.workers.values()]
+
+    def stop_claiming(self, within_s: float) -> None:
+        for generation in self.running:
+            generation.stop_claiming(within_s)
+
+    async def wait_idle(self) -> None:
+        """Return when no job is in flight in any generation."""
+        while self.held():
+            for worker_pool in self.all_pools():
+                await worker_pool.wait_idle()
+
+    async def give_back_all(self, why: str) -> None:
+        """Kill the workers holding jobs, then give their jobs back (see WorkerPool)."""
+        async with anyio.create_task_group() as tg:
+            for worker_pool in self.all_pools():
+                if worker_pool.held():
+                    tg.start_soon(worker_pool.give_back_all, why)
+
+    def close_outcomes(self) -> None:
+        for worker_pool in self.all_pools():
+            worker_pool.outcomes.close()
+
+    async def start(self, config: Config) -> Generation:
+        """Boot worker pools for `config`: new processes import the handler code afresh.
+        ConfigError if a handler module does not import (the pools started are stopped)."""
+        assert self.pools_tg is not None, "no scope for the worker pools yet"
+        member_id = self.ctx.member_id
+        generation = Generation(
+            len(self.running) + 1, config,
+            {
+                name: WorkerPool(
+                    name, queue, config.daemon.handlers, self.outcomes.clone(),
+                    env=pgjobd_log.worker_env(
+                        config.daemon.log_format, config.daemon.log_level, member_id
+                    ),
+                )
+                for name, queue in config.queues.items()
+            },
+        )  # fmt: skip
+        try:
+            generation.kinds = await self.pools_tg.start(self._run_pools, generation)
+        except BaseExceptionGroup as group:
+            raise most_telling(group) from None
+        self.running.append(generation)
+        return generation
+
+    def start_producers(self, generation: Generation) -> None:
+        assert self.intake_tg is not None, "no scope for the producers yet"
+        self.intake_tg.start_soon(watched, self.ctx, "producers", self._run_producers, generation)
+
+    def retire(self, generation: Generation) -> None:
+        """Let an old generation finish the jobs it holds, then stop its workers."""
+        assert self.pools_tg is not None
+        self.pools_tg.start_soon(self._retire, generation)
+
+    async def declare(self, generation: Generation) -> None:
+        """Record each kind's effective defaults, for enqueues that name only the kind."""
+        rows = []
+        queues = generation.config.queues
+        for info in generation.kinds:
+            queue = info.queue or DEFAULT_QUEUE
+            queue_config: QueueConfig = queues.get(queue, queues[DEFAULT_QUEUE])
+            rows.append((
+                info.kind, queue, info.priority or 0,
+                info.max_attempts or queue_config.max_attempts,
+                info.timeout_s or queue_config.timeout.total_seconds(),
+            ))  # fmt: skip
+        if rows:
+            columns = [list(c) for c in zip(*rows, strict=True)]
+            async with db.acquire(self.ctx.pool) as conn:
+                await conn.execute(
+                    self.ctx.queries["kind_declare_many"], *columns, self.ctx.member_id
+                )
+
+    async def _run_pools(
+        self, generation: Generation, *, task_status: TaskStatus[list[KindInfo]]
+    ) -> None:
+        with generation.pools:
+            async with anyio.create_task_group() as tg:
+                kinds: list[KindInfo] = []
+                for worker_pool in generation.workers.values():
+                    # Every pool loads the same handler directories: the same kinds.
+                    kinds = await tg.start(worker_pool.run)
+                task_status.started(kinds)
+        if generation in self.running:
+            self.running.remove(generation)
+
+    async def _run_producers(self, generation: Generation) -> None:
+        try:
+            with generation.producers:
+                async with anyio.create_task_group() as tg:
+                    for name, worker_pool in generation.workers.items():
+                        producer = Producer(
+                            name, pool=self.ctx.pool, queries=self.ctx.queries,
+                            workers=worker_pool, wakeup=self.notifier.wakeup(name),
+                            completer=self.completer, member_id=self.ctx.member_id,
+                            lease=generation.config.daemon.lease,
+                        )  # fmt: skip
+                        generation.claimers.append(producer)
+                        tg.start_soon(producer.run)
+        finally:
+            generation.producers_done.set()
+
+    async def _retire(self, generation: Generation) -> None:
+        await generation.producers_done.wait()  # no claim for it in flight
+        for worker_pool in generation.workers.values():
+            await worker_pool.wait_idle()
+        generation.pools.cancel()
+
+
+def most_telling(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error to report from a task group's failures: a configuration error first
+    (it decides the exit status), then the first other one."""
+    leaves: list[BaseException] = []
+
+    def collect(error: BaseException) -> None:
+        if isinstance(error, BaseExceptionGroup):
+            for inner in error.exceptions:
+                collect(inner)
+        else:
+            leaves.append(error)
+
+    collect(group)
+    for wanted in (ConfigError, SchemaError, PgjobdError):
+        for leaf in leaves:
+            if isinstance(leaf, wanted):
+                return leaf
+    return leaves[0]

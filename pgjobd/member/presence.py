@@ -1,0 +1,58 @@
+"""Presence: the member's row in the `member` table. Joined once the member serves,
+heartbeated every HEARTBEAT_S (a row the fleet removed is written again), removed as
+the member leaves. Every good round trip is recorded in the vitals."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import ClassVar
+
+import anyio
+
+from pgjobd import __version__, backoff, db, migrate
+from pgjobd.errors import TRANSIENT
+from pgjobd.member import MemberContext
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 5.0
+
+
+class Presence:
+    name: ClassVar[str] = "heartbeat"
+
+    async def join(self, ctx: MemberContext) -> None:
+        async with db.acquire(ctx.pool) as conn:
+            await conn.execute(ctx.queries["partitions_ensure"], migrate.PARTITION_DAYS_AHEAD)
+            await conn.execute(
+                ctx.queries["member_join"], ctx.member_id, socket.gethostname(), os.getpid(),
+                __version__, list(ctx.config.current.queues),
+            )  # fmt: skip
+        ctx.vitals.db_ok_at = anyio.current_time()
+
+    async def leave(self, ctx: MemberContext) -> None:
+        with anyio.move_on_after(5, shield=True):
+            try:
+                async with db.acquire(ctx.pool) as conn:
+                    await conn.execute(ctx.queries["member_leave"], ctx.member_id)
+            except TRANSIENT as e:
+                log.warning("could not remove the member row: %s", e)
+
+    async def run(self, ctx: MemberContext) -> None:
+        while True:
+            await anyio.sleep(backoff.jittered(HEARTBEAT_S, 0.1))
+            try:
+                async with db.acquire(ctx.pool) as conn:
+                    alive = await conn.fetchval(
+                        ctx.queries["member_heartbeat"], ctx.member_id,
+                        list(ctx.config.current.queues),
+                    )  # fmt: skip
+                if not alive:
+                    await self.join(ctx)
+            except TRANSIENT as e:
+                ctx.vitals.db_error = f"heartbeat failed: {e}"
+                log.warning("heartbeat failed: %s", e, extra={"event": "member.heartbeat_failed"})
+            else:
+                ctx.vitals.db_ok_at, ctx.vitals.db_error = anyio.current_time(), None
