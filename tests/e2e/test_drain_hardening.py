@@ -20,6 +20,7 @@ import pytest
 from pgjobd.queries import for_schema
 
 from .conftest import MemberProcess, wait_until
+from .events import JSON_LOG, event_names, wait_for_event
 
 pytestmark = pytest.mark.anyio
 StartMember = Callable[..., Awaitable[MemberProcess]]
@@ -220,11 +221,11 @@ async def test_a_claim_in_flight_at_sigterm_is_handed_over_not_stranded(
     committed, its job stayed `running` under a member that left (for the reaper to
     charge an attempt and, at max_attempts = 1, bury it unrun)."""
     async with claims_held_open(dsn, schema, conn) as holder:
-        member = await start_member(QUEUES, handlers=handlers_dir(tmp_path))
+        member = await start_member(QUEUES, daemon=JSON_LOG, handlers=handlers_dir(tmp_path))
         job_id = await enqueue(conn, schema, "quick")
         await wait_until(lambda: claim_waiting(conn), what="a claim in flight")
         member.process.send_signal(signal.SIGTERM)
-        await wait_until(lambda: "draining" in member.log, what="the drain started")
+        await wait_for_event(member, "member.draining")
         await holder.execute("SELECT pg_advisory_unlock($1)", HOOK_KEY)
         assert await member.stop() == 0
     assert await ran_once_or_given_back(conn, schema, job_id) in ("completed", "available")
@@ -237,12 +238,12 @@ async def test_a_claim_in_flight_at_reload_is_handed_over_not_stranded(
     its job stayed `running`, unrenewed, until the reaper charged it an attempt."""
     async with claims_held_open(dsn, schema, conn) as holder:
         member = await start_member(
-            QUEUES, daemon='lease = "2s"\n', handlers=handlers_dir(tmp_path)
+            QUEUES, daemon='lease = "2s"\n' + JSON_LOG, handlers=handlers_dir(tmp_path)
         )
         job_id = await enqueue(conn, schema, "quick")
         await wait_until(lambda: claim_waiting(conn), what="a claim in flight")
         member.process.send_signal(signal.SIGHUP)
-        await wait_until(lambda: "reloaded" in member.log, what="the reload")
+        await wait_for_event(member, "member.reloaded")
         await holder.execute("SELECT pg_advisory_unlock($1)", HOOK_KEY)
 
         async def settled() -> bool:
@@ -345,17 +346,19 @@ async def test_sigterm_to_the_whole_process_group_starts_no_replacement_workers(
     idle worker took the SIGTERM, exited, and the pool started a new one."""
     started, release = tmp_path / "started", tmp_path / "release"
     queues = QUEUES.replace("processes = 1", "processes = 2")
-    member = await start_member(queues, handlers=handlers_dir(tmp_path), new_session=True)
+    member = await start_member(
+        queues, daemon=JSON_LOG, handlers=handlers_dir(tmp_path), new_session=True
+    )
     job_id = await enqueue(
         conn, schema, "gated", {"started": str(started), "release": str(release)}
     )
     await read_pid(started)
     os.killpg(member.process.pid, signal.SIGTERM)
-    await wait_until(lambda: "draining" in member.log, what="the drain started")
+    await wait_for_event(member, "member.draining")
     await anyio.sleep(1.0)  # room for a worker to exit and be replaced (the bug)
     release.touch()
     assert await exit_status(member) == 0
-    assert "replaced by" not in member.log, member.log[-3000:]
+    assert "worker.replaced" not in event_names(member), member.log[-3000:]
     state = await conn.fetchval(
         f"SELECT state::text FROM {schema}.job_history WHERE id = $1", job_id
     )
@@ -372,13 +375,13 @@ async def test_no_handler_runs_once_its_job_was_given_back(
     started = tmp_path / "started"
     drain = '"60s"' if how == "second_sigterm" else '"1s"'
     member = await start_member(
-        QUEUES, daemon=f"drain_timeout = {drain}\n", handlers=handlers_dir(tmp_path)
+        QUEUES, daemon=f"drain_timeout = {drain}\n" + JSON_LOG, handlers=handlers_dir(tmp_path)
     )
     job_id = await enqueue(conn, schema, "spins", {"started": str(started)})
     worker = await read_pid(started)
     member.process.send_signal(signal.SIGTERM)
     if how == "second_sigterm":
-        await wait_until(lambda: "draining" in member.log, what="the drain started")
+        await wait_for_event(member, "member.draining")
         member.process.send_signal(signal.SIGTERM)
 
     async def given_back() -> bool:

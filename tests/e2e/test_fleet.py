@@ -22,6 +22,7 @@ from pgjobd.lock_keys import LEADER, lock_key
 from pgjobd.queries import for_schema
 
 from .conftest import HANDLERS, MemberProcess, wait_all_final, wait_until
+from .events import JSON_LOG, log_events, wait_for_event
 
 pytestmark = pytest.mark.anyio
 StartMember = Callable[..., Awaitable[MemberProcess]]
@@ -100,19 +101,19 @@ async def test_one_leader_among_three_and_fast_takeover(
 async def test_a_terminated_leader_session_stops_its_roles_and_its_writes_land_nowhere(
     schema: str, conn: asyncpg.Connection, start_member: StartMember
 ) -> None:
-    member = await start_member()
+    member = await start_member(daemon=JSON_LOG)
     await leader_member(conn, schema, [member])
     old = await current_term(conn, schema)
 
     await conn.execute("SELECT pg_terminate_backend($1)", old["backend_pid"])
 
-    await wait_until(lambda: f"no longer leader (term {old['term']})" in member.log,
-                     what="old term ended")  # fmt: skip
+    await wait_for_event(member, "leader.lost", term=old["term"])
     new = await wait_until(lambda: _newer_term(conn, schema, old["term"]), what="a new term")
-    log = member.log
-    assert log.index(f"no longer leader (term {old['term']})") < log.index(
-        f"leader for term {new['term']}"
-    )  # the old term's roles stopped before the new term's started
+    await wait_for_event(member, "leader.gained", term=new["term"])
+    terms = [(e["event"], e["term"]) for e in log_events(member.log)
+             if e.get("event") in ("leader.gained", "leader.lost")]  # fmt: skip
+    # the old term's roles stopped before the new term's started
+    assert terms.index(("leader.lost", old["term"])) < terms.index(("leader.gained", new["term"]))
 
     # A role statement of the deposed term changes nothing; the new term's does.
     job_id = await conn.fetchval(f"SELECT {schema}.enqueue('echo', queue => 'nobody')")
@@ -204,7 +205,7 @@ async def test_a_job_completed_on_its_last_attempt_during_an_outage_longer_than_
     lease_s = 8
     config.write_text(
         f'[database]\nschema = "{schema}"\n[daemon]\nhandlers = ["{HANDLERS}"]\n'
-        f'metrics_listen = ""\nlog_format = "text"\nlease = "{lease_s}s"\n'
+        f'metrics_listen = ""\n{JSON_LOG}lease = "{lease_s}s"\n'
         "[queues.default]\nconcurrency = 8\nprocesses = 1\n"
     )
     log_path = tmp_path / "member.log"
@@ -218,7 +219,7 @@ async def test_a_job_completed_on_its_last_attempt_during_an_outage_longer_than_
         await wait_until(lambda: _running(dsn, schema, 8), what="8 jobs running", timeout_s=30)
         cluster.stop("fast")
         stopped_at = time.monotonic()
-        await wait_until(lambda: "holding them" in member.log, timeout_s=30, what="outcomes held")
+        await wait_for_event(member, "completer.blocked", timeout_s=30)  # outcomes held
         await anyio.sleep(max(0.0, lease_s + 3 - (time.monotonic() - stopped_at)))
         cluster.start()
 

@@ -17,6 +17,7 @@ from pgjobd import migrate
 from pgjobd.embedded import KILL_SAFE_SETTINGS, Cluster
 
 from .conftest import HANDLERS, MemberProcess, wait_until
+from .events import JSON_LOG, event_names, wait_for_event
 from .test_metrics import free_port, get
 
 pytestmark = pytest.mark.anyio
@@ -45,7 +46,7 @@ async def test_outcomes_survive_a_database_restart(cluster: Cluster, tmp_path: P
     port = free_port()
     config.write_text(
         f'[daemon]\nhandlers = ["{HANDLERS}"]\nmetrics_listen = "127.0.0.1:{port}"\n'
-        'log_format = "text"\n'
+        f"{JSON_LOG}"
         # A claim whose commit the outage hid is taken back after the lease.
         'lease = "3s"\n'
         "[queues.default]\nconcurrency = 8\nprocesses = 2\n"
@@ -62,7 +63,7 @@ async def test_outcomes_survive_a_database_restart(cluster: Cluster, tmp_path: P
         await wait_until(ledger.exists, what="first job done")
         assert (await get(port, "/readyz"))[0] == 200
         cluster.stop("fast")
-        await wait_until(lambda: "holding them" in member.log, timeout_s=30, what="outcomes held")
+        await wait_for_event(member, "completer.blocked", timeout_s=30)  # outcomes held
 
         async def unready() -> str | None:
             status, body = await get(port, "/readyz")
@@ -89,7 +90,9 @@ async def test_outcomes_survive_a_database_restart(cluster: Cluster, tmp_path: P
             assert distinct == 40  # one final record per job
         finally:
             await conn.close()
-        assert "recording outcomes again" in member.log
+        await wait_for_event(member, "completer.unblocked")  # recording outcomes again
+        names = event_names(member)
+        assert names.index("completer.blocked") < names.index("completer.unblocked")
 
         async def ready() -> bool:
             return (await get(port, "/readyz"))[0] == 200

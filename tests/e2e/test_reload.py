@@ -13,6 +13,7 @@ import asyncpg
 import pytest
 
 from .conftest import DEFAULT_QUEUES, MemberProcess, wait_all_final, wait_until
+from .events import JSON_LOG, wait_for_event
 
 pytestmark = pytest.mark.anyio
 StartMember = Callable[..., Awaitable[MemberProcess]]
@@ -53,7 +54,7 @@ async def test_reload_swaps_code_and_queues_without_losing_a_job(
 ) -> None:
     handlers = tmp_path / "handlers"
     write_handlers(handlers, "v1")
-    member = await start_member(handlers=handlers)
+    member = await start_member(daemon=JSON_LOG, handlers=handlers)
     gate = {"started": str(tmp_path / "started"), "release": str(tmp_path / "release")}
     in_flight = await conn.fetchval(
         f"SELECT {schema}.enqueue('gated', $1::jsonb)", json.dumps(gate)
@@ -66,7 +67,7 @@ async def test_reload_swaps_code_and_queues_without_losing_a_job(
         config.read_text().replace(DEFAULT_QUEUES, DEFAULT_QUEUES + "\n[queues.extra]\n")
     )
     member.process.send_signal(signal.SIGHUP)
-    await wait_until(lambda: "reloaded; generation 2" in member.log, what="reloaded")
+    await wait_for_event(member, "member.reloaded", generation=2)
 
     new_code = await conn.fetchval(f"SELECT {schema}.enqueue('which_version')")
     new_queue = await conn.fetchval(f"SELECT {schema}.enqueue('which_version', queue => 'extra')")
@@ -89,7 +90,7 @@ async def test_a_bad_reload_keeps_the_old_generation_serving(
 ) -> None:  # fmt: skip
     handlers = tmp_path / "handlers"
     write_handlers(handlers, "v1")
-    member = await start_member(handlers=handlers)
+    member = await start_member(daemon=JSON_LOG, handlers=handlers)
     if breakage == "config":
         config = tmp_path / "member0.toml"
         config.write_text(config.read_text() + "\n[daemon.oops]\n")
@@ -97,11 +98,11 @@ async def test_a_bad_reload_keeps_the_old_generation_serving(
         (handlers / "broken.py").write_text("raise ImportError('half-deployed')\n")
 
     member.process.send_signal(signal.SIGHUP)
-    await wait_until(lambda: "reload rejected" in member.log, what="reload rejected")
+    rejected = await wait_for_event(member, "member.reload_rejected")
     job_id = await conn.fetchval(f"SELECT {schema}.enqueue('which_version')")
 
     await wait_all_final(conn, schema, 1)
     assert (await results(conn, schema))[job_id] == "v1"
     expected = "daemon" if breakage == "config" else "broken.py"
-    assert expected in member.log[member.log.index("reload rejected") :]
+    assert expected in rejected["msg"]  # the error names what is wrong
     assert member.process.returncode is None

@@ -18,6 +18,7 @@ import pytest
 from pgjobd import Client, JobSpec
 
 from .conftest import MemberProcess, final_records, wait_all_final, wait_until
+from .events import JSON_LOG, events, wait_for_event
 
 pytestmark = pytest.mark.anyio
 StartMember = Callable[..., Awaitable[MemberProcess]]
@@ -162,7 +163,7 @@ async def test_a_lost_listen_session_falls_back_to_polling_and_reconnects(
 async def test_an_outcome_whose_fence_was_taken_changes_nothing(
     dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
 ) -> None:
-    member = await start_member()
+    member = await start_member(daemon=JSON_LOG)
     gate = {"started": str(tmp_path / "started"), "release": str(tmp_path / "release")}
     job_id = await conn.fetchval(
         f"SELECT {schema}.enqueue('waits_for_gate', $1::jsonb)", json.dumps(gate)
@@ -175,7 +176,7 @@ async def test_an_outcome_whose_fence_was_taken_changes_nothing(
         job_id,
     )
     await anyio.Path(gate["release"]).write_text("go")
-    await wait_until(lambda: "dropped 1 outcomes" in member.log, what="stale outcome logged")
+    await wait_for_event(member, "job.stale_outcome", job_ids=[job_id])  # dropped, logged
 
     row = await conn.fetchrow(f"SELECT state, owner FROM {schema}.job WHERE id = $1", job_id)
     assert tuple(row) == ("running", "someone-else")
@@ -203,12 +204,14 @@ async def test_a_handler_module_that_fails_to_import_exits_78(
     broken.mkdir()
     (broken / "bad.py").write_text("raise RuntimeError('cannot start')\n")
 
-    member = await start_member(handlers=broken, wait_ready=False)
+    member = await start_member(daemon=JSON_LOG, handlers=broken, wait_ready=False)
 
     with anyio.fail_after(30):
         status = await member.process.wait()
     assert status == 78
-    assert "bad.py" in member.log and "cannot start" in member.log
+    failed = events(member, "worker.boot_failed", worker_queue="default")
+    assert failed, member.log[-3000:]
+    assert "bad.py" in failed[0]["msg"] and "cannot start" in failed[0]["msg"]
 
 
 async def test_history_none_keeps_no_final_records(
@@ -230,7 +233,7 @@ async def _empty(conn: asyncpg.Connection, schema: str) -> bool:
 async def test_a_job_whose_lease_is_lost_is_cancelled_in_its_worker(
     schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
 ) -> None:
-    member = await start_member(daemon='lease = "1500ms"')
+    member = await start_member(daemon='lease = "1500ms"\n' + JSON_LOG)
     watch = {"started": str(tmp_path / "started"), "saw_cancel": str(tmp_path / "cancelled")}
     job_id = await conn.fetchval(
         f"SELECT {schema}.enqueue('runs_until_cancelled', $1::jsonb)", json.dumps(watch)
@@ -242,8 +245,8 @@ async def test_a_job_whose_lease_is_lost_is_cancelled_in_its_worker(
     )
 
     await wait_until(anyio.Path(watch["saw_cancel"]).exists, what="ctx.cancelled set")
-    await wait_until(lambda: "dropped 1 outcomes" in member.log, what="outcome dropped")
-    assert f"lease of job {job_id} lost" in member.log
+    await wait_for_event(member, "job.stale_outcome", job_ids=[job_id])  # outcome dropped
+    assert events(member, "lease.lost", job_id=job_id)
     assert await conn.fetchval(f"SELECT owner FROM {schema}.job WHERE id = $1", job_id) == "other"
 
 

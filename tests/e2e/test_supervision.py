@@ -17,6 +17,7 @@ import pytest
 from pgjobd import Client
 
 from .conftest import MemberProcess, wait_all_final, wait_until
+from .events import JSON_LOG, events, wait_for_event
 
 pytestmark = pytest.mark.anyio
 StartMember = Callable[..., Awaitable[MemberProcess]]
@@ -50,7 +51,7 @@ async def test_a_crashing_job_costs_only_itself_and_is_quarantined(
 async def test_a_hung_handler_is_killed_and_its_slot_freed(
     dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember
 ) -> None:
-    member = await start_member(queues=ONE_QUEUE.format(extra=""))
+    member = await start_member(queues=ONE_QUEUE.format(extra=""), daemon=JSON_LOG)
     async with await Client.connect(dsn, schema=schema) as client:
         hung = await client.enqueue("hangs", {})
         flowing = [await client.enqueue("echo", {"n": i}) for i in range(10)]
@@ -60,7 +61,7 @@ async def test_a_hung_handler_is_killed_and_its_slot_freed(
     assert all(records[i]["state"] == "completed" for i in flowing)
     assert (records[hung]["state"], records[hung]["reason"]) == ("dead", "attempts_exhausted")
     assert "ran past its timeout of 1s" in records[hung]["last_error"]
-    assert "worker.killed" in member.log or "killed after" in member.log
+    assert events(member, "worker.killed", queue="default"), member.log[-3000:]
 
 
 async def test_workers_are_recycled_after_max_jobs(
@@ -68,7 +69,8 @@ async def test_workers_are_recycled_after_max_jobs(
 ) -> None:
     ledger = tmp_path / "ledger"
     member = await start_member(
-        queues="[queues.default]\nconcurrency = 2\nprocesses = 1\nmax_jobs_per_process = 5\n"
+        queues="[queues.default]\nconcurrency = 2\nprocesses = 1\nmax_jobs_per_process = 5\n",
+        daemon=JSON_LOG,
     )
     async with await Client.connect(dsn, schema=schema) as client:
         await client.enqueue_many([("record", {"path": str(ledger)}) for _ in range(20)])
@@ -79,21 +81,21 @@ async def test_workers_are_recycled_after_max_jobs(
     assert {r["attempt"] for r in records.values()} == {1}  # recycling is not a failure
     pids = {line.split()[4] for line in ledger.read_text().splitlines()}
     assert len(pids) >= 4  # 20 jobs, at most 5 per process
-    assert member.log.count("recycling worker process") >= 3
+    assert len(events(member, "worker.recycled", queue="default")) >= 3
 
 
 async def test_a_worker_past_max_rss_is_recycled(
     schema: str, conn: asyncpg.Connection, start_member: StartMember
 ) -> None:
     member = await start_member(
-        queues='[queues.default]\nconcurrency = 1\nprocesses = 1\nmax_rss = "100MB"\n'
+        queues='[queues.default]\nconcurrency = 1\nprocesses = 1\nmax_rss = "100MB"\n',
+        daemon=JSON_LOG,
     )
     await conn.execute(f"SELECT {schema}.enqueue('leaks') FROM generate_series(1, 3)")
 
     await wait_all_final(conn, schema, 3, timeout_s=60)
-    await wait_until(
-        lambda: "resident memory" in member.log, timeout_s=20, what="recycled for memory"
-    )
+    # Recycled for its memory: max_rss is the only reason to recycle this queue has.
+    await wait_for_event(member, "worker.recycled", queue="default")
 
 
 async def test_a_crash_looping_queue_is_marked_failed_while_others_work(
@@ -108,6 +110,7 @@ async def test_a_crash_looping_queue_is_marked_failed_while_others_work(
         handlers=handlers,
         queues="[queues.default]\nconcurrency = 1\nprocesses = 1\n"
         "[queues.other]\nconcurrency = 1\nprocesses = 1\n",
+        daemon=JSON_LOG,
     )
     default_pid = await wait_until(
         lambda: _worker_pid(member.process.pid, "default"), what="default worker"
@@ -115,9 +118,7 @@ async def test_a_crash_looping_queue_is_marked_failed_while_others_work(
     (handlers / "broken.py").write_text("raise RuntimeError('bad deploy')\n")
     os.kill(default_pid, signal.SIGKILL)  # its replacements cannot import the handlers
 
-    await wait_until(
-        lambda: "queue default failed" in member.log, timeout_s=60, what="queue failed"
-    )
+    await wait_for_event(member, "queue.failed", queue="default", timeout_s=60)
     job_id = await conn.fetchval(f"SELECT {schema}.enqueue('ok', queue => 'other')")
     records = await wait_all_final(conn, schema, 1)
     assert records[job_id]["state"] == "completed"  # the other queue kept working
@@ -151,13 +152,14 @@ async def test_drain_gives_back_what_does_not_finish(
     schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path,
     second_signal: bool,
 ) -> None:  # fmt: skip
-    member = await start_member(daemon='drain_timeout = "2s"' if not second_signal else "")
+    drain = 'drain_timeout = "2s"\n' if not second_signal else ""
+    member = await start_member(daemon=drain + JSON_LOG)
     job_id, _ = await _gated_job(conn, schema, tmp_path)
 
     stopping = time.monotonic()
     member.process.send_signal(signal.SIGTERM)
     if second_signal:
-        await wait_until(lambda: "draining" in member.log, what="draining")
+        await wait_for_event(member, "member.draining")
         member.process.send_signal(signal.SIGTERM)
     assert await member.stop(timeout_s=30) == 0
     took_s = time.monotonic() - stopping
