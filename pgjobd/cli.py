@@ -36,7 +36,7 @@ Command = Callable[[argparse.Namespace], int]
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["worker"]:
+    if list(argv[:1]) == ["worker"]:
         # Internal and unlisted: a worker process, as `python -m pgjobd.worker` (what the
         # supervisor runs). Imported only here: the daemon never loads the child's module.
         from pgjobd import worker  # noqa: PLC0415 (see above)
