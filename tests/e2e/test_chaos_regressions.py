@@ -2,35 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import asyncpg
 import pytest
 
 from .conftest import MemberProcess, wait_until
+from .events import JSON_LOG, event_names
 
 pytestmark = pytest.mark.anyio
 StartMember = Callable[..., Awaitable[MemberProcess]]
-JSON_LOG = 'log_format = "json"\n'
-
-
-def log_events(log: str) -> list[dict[str, Any]]:
-    """The member's JSON log lines, parsed; whatever is not a JSON object is left out."""
-    events = []
-    for line in log.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict):
-            events.append(event)
-    return events
-
-
-def event_names(log: str) -> list[str]:
-    return [str(event.get("event")) for event in log_events(log)]
 
 
 async def test_a_worker_dying_during_a_claim_does_not_take_the_member_down(
@@ -46,21 +27,21 @@ async def test_a_worker_dying_during_a_claim_does_not_take_the_member_down(
         'backoff_base = "0s"\nbackoff_max = "1ms"\nmax_crashes = 1000\n',
         daemon=JSON_LOG,
     )
-    # Jobs that kill their worker on every attempt (10 attempts each): workers die and
-    # are replaced all the time while the claim loop keeps every slot busy.
-    await conn.execute(f"SELECT {schema}.enqueue('exits') FROM generate_series(1, 40)")
+    # Jobs that kill their worker on every attempt (10 attempts each: 240 deaths): workers
+    # die and are replaced all the time while the claim loop keeps every slot busy.
+    await conn.execute(f"SELECT {schema}.enqueue('exits') FROM generate_series(1, 24)")
 
     async def settled() -> bool:
         if member.process.returncode is not None:
             return True
         done = await conn.fetchval(f"SELECT count(*) FROM {schema}.job_history")
-        return bool(done == 40)
+        return bool(done == 24)
 
     await wait_until(settled, timeout_s=110, what="all jobs final, or the member gone")
     assert member.process.returncode is None, member.log[-2000:]
     assert await conn.fetchval(f"SELECT count(*) FROM {schema}.job") == 0
     # Still whole after the storm: a member whose core task died exits 1, not 0.
     assert await member.stop() == 0, member.log[-2000:]
-    events = event_names(member.log)
+    events = event_names(member)
     assert "member.task_died" not in events, member.log[-2000:]
     assert events.count("member.ready") == 1 and "member.draining" in events, events
