@@ -20,6 +20,24 @@ from pgjobd import db
 from pgjobd.client import skip_session_reset
 
 pytestmark = pytest.mark.anyio
+# The statement these tests interrupt. A backend whose client vanished mid-statement
+# sleeps on until it next writes to the socket: it would hold the xmin horizon (and
+# look like a culprit to the horizon tests) for half a minute after its test.
+LONG_SLEEP = "SELECT pg_sleep(30) /* pgjobd test_db_acquire */"
+
+
+@pytest.fixture(autouse=True)
+async def end_interrupted_statements(dsn: str) -> AsyncIterator[None]:
+    yield
+    admin = await asyncpg.connect(dsn)
+    try:
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE query = $1 AND pid <> pg_backend_pid()",
+            LONG_SLEEP,
+        )
+    finally:
+        await admin.close()
 
 
 class CuttableProxy:
@@ -94,7 +112,7 @@ async def test_a_statement_interrupted_while_the_server_is_away_frees_its_slot(
         with anyio.move_on_after(0.2):  # as a drain or a bounded attempt cancels
             async with db.acquire(pool) as conn:
                 cuttable.cut = True
-                await conn.execute("SELECT pg_sleep(30)")
+                await conn.execute(LONG_SLEEP)
         cuttable.cut = False
         with anyio.fail_after(15):
             async with db.acquire(pool) as conn:
@@ -124,7 +142,7 @@ async def test_a_statement_whose_backend_was_terminated_leaves_the_pool_working(
                     with pytest.raises((asyncpg.InterfaceError, asyncpg.PostgresConnectionError,
                                         asyncpg.AdminShutdownError)):  # fmt: skip
                         async with db.acquire(pool) as pooled:
-                            await pooled.execute("SELECT pg_sleep(30)")
+                            await pooled.execute(LONG_SLEEP)
                 async with db.acquire(pool) as pooled:
                     assert pooled.get_server_pid() != pid
                     assert await pooled.fetchval("SELECT 1") == 1
@@ -138,7 +156,7 @@ async def test_a_cancelled_statement_leaves_the_pool_working(dsn: str) -> None:
         for _ in range(3):
             with anyio.move_on_after(0.05):
                 async with db.acquire(pool) as conn:
-                    await conn.execute("SELECT pg_sleep(30)")
+                    await conn.execute(LONG_SLEEP)
             with anyio.fail_after(15):
                 async with db.acquire(pool) as conn:
                     assert await conn.fetchval("SELECT 1") == 1

@@ -546,5 +546,11 @@ async def test_migrations_that_only_build_committed_one_by_one_are_applied_unver
     again = await migrate.migrate(conn, scratch_schema)
 
     assert first[-2:] == [n + 1, n + 2] and again == []
-    assert found.skipped is not None and "did not build in a scratch schema" in found.skipped
-    assert "unsafe use of new value" in found.skipped
+    # PostgreSQL 15 refuses the new value in the transaction that added it, so the check
+    # is skipped; 18 allows it for a type created in the same transaction (as the scratch
+    # build's is), builds it, and must then find nothing different.
+    if found.skipped is not None:
+        assert "did not build in a scratch schema" in found.skipped
+        assert "unsafe use of new value" in found.skipped
+    else:
+        assert (found.missing, found.altered, found.foreign) == ([], [], [])
