@@ -129,16 +129,19 @@ async def test_counters_and_histograms_after_a_known_workload(
     assert value(samples, "pgjobd_worker_processes", queue="default") >= 1
     assert value(samples, "pgjobd_ready") == 1
 
-    # The only member leads, and exports the fleet-wide gauges.
+    # The only member leads, and exports the fleet-wide gauges. They are read every 5 s
+    # (queue_stats), so one reading may predate the drain: wait for the drained one.
     async def leading() -> Samples | None:
         s = await scrape(port)
         found = ("pgjobd_queue_oldest_available_age_seconds", frozenset({("queue", "other")}))
-        return s if value(s, "pgjobd_leader") == 1 and found in s else None
+        drained = all(
+            value(s, "pgjobd_queue_jobs", queue="default", state=state) == 0
+            for state in ("available", "running")
+        )
+        return s if value(s, "pgjobd_leader") == 1 and found in s and drained else None
 
-    samples = await wait_until(leading, what="leader gauges", timeout_s=20)
+    samples = await wait_until(leading, what="leader gauges of the drained queue", timeout_s=20)
     assert value(samples, "pgjobd_leader_term") >= 1
-    assert value(samples, "pgjobd_queue_jobs", queue="default", state="available") == 0
-    assert value(samples, "pgjobd_queue_jobs", queue="default", state="running") == 0
     assert value(samples, "pgjobd_role_tick_duration_seconds_count", role="reaper") >= 1
     assert value(samples, "pgjobd_role_errors_total", role="reaper") == 0
     assert member.process.returncode is None
