@@ -173,7 +173,8 @@ async def test_async_timeout_is_a_failure(tmp_path: Path) -> None:
         outcome = await h.run("slow_async")
         assert (outcome.kind, outcome.error_class) == ("failed", "TimeoutError")
         assert outcome.error_message and "timeout of 0.3s" in outcome.error_message
-        assert outcome.duration_s >= 0.3
+        # It ran until its timeout (the event loop's timers may fire a millisecond early).
+        assert outcome.duration_s >= 0.29
         assert (await h.run("add", {"a": 1, "b": 1})).kind == "completed"  # same process lives
 
 
