@@ -38,6 +38,17 @@ class MemberProcess:
         raise AssertionError(f"member did not stop within {timeout_s}s:\n{self.log[-3000:]}")
 
 
+async def run_member(config: Path, dsn: str, log_path: Path) -> MemberProcess:
+    """`pgjobd run --config CONFIG` against DSN, its output in LOG_PATH (for tests that
+    bring their own server, such as a private cluster they stop)."""
+    with log_path.open("wb") as log_file:
+        process = await anyio.open_process(
+            [sys.executable, "-m", "pgjobd", "run", "--config", str(config)],
+            stdout=log_file, stderr=log_file, env={**os.environ, "PGJOBD_DSN": dsn},
+        )  # fmt: skip
+    return MemberProcess(process, log_path)
+
+
 async def wait_until(
     check: Callable[[], Any], timeout_s: float = 20, what: str = "condition"
 ) -> Any:

@@ -3,9 +3,7 @@ roles, and the reaper bringing back the jobs of a member that died."""
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
@@ -21,7 +19,7 @@ from pgjobd.leader import unsigned
 from pgjobd.lock_keys import LEADER, lock_key
 from pgjobd.queries import for_schema
 
-from .conftest import HANDLERS, MemberProcess, wait_all_final, wait_until
+from .conftest import HANDLERS, MemberProcess, run_member, wait_all_final, wait_until
 from .events import JSON_LOG, log_events, wait_for_event
 
 pytestmark = pytest.mark.anyio
@@ -208,13 +206,7 @@ async def test_a_job_completed_on_its_last_attempt_during_an_outage_longer_than_
         f'metrics_listen = ""\n{JSON_LOG}lease = "{lease_s}s"\n'
         "[queues.default]\nconcurrency = 8\nprocesses = 1\n"
     )
-    log_path = tmp_path / "member.log"
-    with log_path.open("wb") as log_file:
-        process = await anyio.open_process(
-            [sys.executable, "-m", "pgjobd", "run", "--config", str(config)],
-            stdout=log_file, stderr=log_file, env={**os.environ, "PGJOBD_DSN": dsn},
-        )  # fmt: skip
-    member = MemberProcess(process, log_path)
+    member = await run_member(config, dsn, tmp_path / "member.log")
     try:
         await wait_until(lambda: _running(dsn, schema, 8), what="8 jobs running", timeout_s=30)
         cluster.stop("fast")

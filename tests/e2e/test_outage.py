@@ -4,19 +4,16 @@ private cluster the test can stop and start."""
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import anyio
 import asyncpg
 import pytest
 
 from pgjobd import migrate
 from pgjobd.embedded import KILL_SAFE_SETTINGS, Cluster
 
-from .conftest import HANDLERS, MemberProcess, wait_until
+from .conftest import HANDLERS, run_member, wait_until
 from .events import JSON_LOG, event_names, wait_for_event
 from .test_metrics import free_port, get
 
@@ -51,13 +48,7 @@ async def test_outcomes_survive_a_database_restart(cluster: Cluster, tmp_path: P
         'lease = "3s"\n'
         "[queues.default]\nconcurrency = 8\nprocesses = 2\n"
     )
-    log_path = tmp_path / "member.log"
-    with log_path.open("wb") as log_file:
-        process = await anyio.open_process(
-            [sys.executable, "-m", "pgjobd", "run", "--config", str(config)],
-            stdout=log_file, stderr=log_file, env={**os.environ, "PGJOBD_DSN": dsn},
-        )  # fmt: skip
-    member = MemberProcess(process, log_path)
+    member = await run_member(config, dsn, tmp_path / "member.log")
     try:
         # Jobs are running in the workers; take the database away under them.
         await wait_until(ledger.exists, what="first job done")
@@ -98,6 +89,6 @@ async def test_outcomes_survive_a_database_restart(cluster: Cluster, tmp_path: P
             return (await get(port, "/readyz"))[0] == 200
 
         await wait_until(ready, timeout_s=60, what="/readyz 200 again")
-        assert process.returncode is None  # the member rode out the outage
+        assert member.process.returncode is None  # the member rode out the outage
     finally:
         assert await member.stop() == 0, member.log[-3000:]

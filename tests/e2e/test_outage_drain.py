@@ -4,9 +4,7 @@ stop and start (as in test_outage)."""
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +17,7 @@ from pgjobd import migrate
 from pgjobd.completer import FINAL_FLUSH_S, RETRY_MAX_S
 from pgjobd.embedded import KILL_SAFE_SETTINGS, Cluster
 
-from .conftest import HANDLERS, MemberProcess, wait_until
+from .conftest import HANDLERS, MemberProcess, run_member, wait_until
 
 pytestmark = pytest.mark.anyio
 SCHEMA = "pgjobd"
@@ -51,13 +49,7 @@ async def _start(cluster: Cluster, tmp_path: Path, jobs: int, lease: str) -> Mem
         f'lease = "{lease}"\ndrain_timeout = "{DRAIN_S}s"\n'
         "[queues.default]\nconcurrency = 8\nprocesses = 1\n"
     )
-    log_path = tmp_path / "member.log"
-    with log_path.open("wb") as log_file:
-        process = await anyio.open_process(
-            [sys.executable, "-m", "pgjobd", "run", "--config", str(config)],
-            stdout=log_file, stderr=log_file, env={**os.environ, "PGJOBD_DSN": dsn},
-        )  # fmt: skip
-    member = MemberProcess(process, log_path)
+    member = await run_member(config, dsn, tmp_path / "member.log")
     conn = await asyncpg.connect(dsn)
     try:
 
