@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pgjobd import Client, EnqueueError, JobSpec, SyncClient, admin, cli, migrate
+from pgjobd import Client, EnqueueError, JobSpec, SyncClient, admin, cli
 from pgjobd.client import MAX_ARGS_BYTES
 from pgjobd.roles import RoleContext
 from pgjobd.roles.queue_stats import QueueStats
@@ -414,27 +414,9 @@ def _clear_refusal(error: asyncpg.PostgresError) -> bool:
 
 
 @pytest.fixture
-async def producer(dsn: str, conn: asyncpg.Connection, schema: str) -> AsyncIterator[str]:
-    """A login role whose only privilege is membership in <schema>_producer."""
-    await migrate.migrate(conn, schema, roles=True)
-    login = f"{schema}_app"
-    await conn.execute(f"CREATE ROLE {login} LOGIN")
-    await conn.execute(f"GRANT {schema}_producer TO {login}")
-    try:
-        yield login
-    finally:
-        await conn.execute(f"DROP SCHEMA {schema} CASCADE")
-        for role in (
-            login,
-            *(f"{schema}_{r}" for r in ("producer", "readonly", "admin", "worker")),
-        ):
-            await conn.execute(f"DROP ROLE IF EXISTS {role}")
-
-
-@pytest.fixture
-async def as_producer(dsn: str, producer: str) -> AsyncIterator[asyncpg.Connection]:
+async def as_producer(dsn: str, producer_login: str) -> AsyncIterator[asyncpg.Connection]:
     connection = await asyncpg.connect(dsn)
-    await connection.execute(f"SET ROLE {producer}")
+    await connection.execute(f"SET ROLE {producer_login}")
     try:
         yield connection
     finally:

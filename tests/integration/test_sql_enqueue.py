@@ -3,13 +3,12 @@ written), and a least-privilege producer role that may enqueue and nothing else.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import asyncpg
 import pytest
 
-from pgjobd import Client, migrate
+from pgjobd import Client
 
 pytestmark = pytest.mark.anyio
 
@@ -114,24 +113,6 @@ async def test_a_rejected_job_in_a_batch_rolls_back_the_whole_batch(
             "ARRAY['{}', '{}', '{}']::jsonb[], queues => ARRAY['q', 'q', 'bad queue'])"
         )
     assert await conn.fetchval(f"SELECT count(*) FROM {schema}.job") == 0
-
-
-@pytest.fixture
-async def producer_login(dsn: str, conn: asyncpg.Connection, schema: str) -> AsyncIterator[str]:
-    """A login role whose only privilege is membership in <schema>_producer."""
-    await migrate.migrate(conn, schema, roles=True)
-    login = f"{schema}_app"
-    await conn.execute(f"CREATE ROLE {login} LOGIN")
-    await conn.execute(f"GRANT {schema}_producer TO {login}")
-    try:
-        yield login
-    finally:
-        await conn.execute(f"DROP SCHEMA {schema} CASCADE")
-        for role in (
-            login,
-            *(f"{schema}_{r}" for r in ("producer", "readonly", "admin", "worker")),
-        ):
-            await conn.execute(f"DROP ROLE IF EXISTS {role}")
 
 
 async def test_a_producer_role_can_enqueue_and_do_nothing_else(
