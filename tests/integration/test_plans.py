@@ -1,0 +1,249 @@
+"""Plan shape of the job path's statements, on tables seeded with what slows a queue down.
+
+The seed's PgQueuer anecdote (10,000 -> 330 jobs/s once an index stopped being used) is
+a schema change that nobody saw in review: these tests run each statement of the job
+path under EXPLAIN against a hot table holding far more future, running and dead rows
+than due ones, and a history table far larger than both, and fail when a plan reads a
+whole table, leaves the index it was built for, or touches buffers in proportion to a
+table instead of to the batch. Plan shape, never time: the machine is noisy, plans are
+not.
+
+Each statement is planned twice: with its parameters' values (a custom plan, what
+asyncpg's first executions get) and as a generic plan (what a prepared statement may
+settle on after five executions).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+
+from pgjobd.migrate import migrate
+from pgjobd.queries import for_schema
+
+pytestmark = pytest.mark.anyio
+
+QUEUE = "plans"
+BATCH = 50
+FUTURE_JOBS = 20_000  # scheduled far ahead: outside the claim index
+OTHER_QUEUE_JOBS = 5_000  # available in another queue
+RUNNING_JOBS = 2_000  # held by members
+DUE_JOBS = 500  # claimable in QUEUE
+HISTORY_ROWS = 100_000  # final records in today's partition
+CHURNED_JOBS = 5_000  # inserted and deleted: dead tuples in every index of the hot table
+
+
+@dataclass(frozen=True)
+class Case:
+    statement: str
+    args: Callable[[dict[str, Any]], tuple[Any, ...]]
+    # Indexes the plan must use (at least one of each tuple's names).
+    uses: tuple[tuple[str, ...], ...]
+
+
+CASES = [
+    Case(
+        "job_claim",
+        lambda s: (QUEUE, BATCH, "planner", timedelta(seconds=30)),
+        (("job_claim_idx",),),
+    ),
+    Case("job_promote_due", lambda s: (BATCH,), (("job_due_idx",),)),
+    Case(
+        "job_complete_many",
+        lambda s: (s["running_ids"], s["running_fences"], [None] * BATCH, [True] * BATCH),
+        (("job_pkey",),),
+    ),
+    Case(
+        "job_fail_many",
+        lambda s: (
+            s["running_ids"],
+            s["running_fences"],
+            ["failed"] * BATCH,
+            [3] * BATCH,
+            [timedelta(seconds=1)] * BATCH,
+            ["E"] * BATCH,
+            ["m"] * BATCH,
+            [None] * BATCH,
+            [0.1] * BATCH,
+            [True] * BATCH,
+            "planner",
+        ),
+        (("job_pkey",),),
+    ),
+    Case(
+        "job_lease_renew",
+        lambda s: ("member-0", s["running_ids"], s["running_fences"], timedelta(seconds=30)),
+        (("job_pkey",),),
+    ),
+    Case(
+        "job_reap_expired",
+        lambda s: (s["term"], timedelta(0), BATCH, [QUEUE], [3], 3),
+        (("job_running_idx",),),
+    ),
+    Case("job_get", lambda s: (s["history_id"],), (("job_pkey",), ("job_history_id_idx",))),
+]
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from _nodes(child)
+
+
+def _problems(plan: dict[str, Any], schema: str, case: Case) -> list[str]:
+    nodes = list(_nodes(plan))
+    problems = [
+        f"{node['Node Type']} on {node.get('Relation Name')}"
+        for node in nodes
+        if node["Node Type"] in ("Seq Scan", "Bitmap Heap Scan", "Sample Scan")
+        and node.get("Schema") == schema
+        and (node.get("Relation Name") == "job" or node.get("Relation Name", "").startswith("job_"))
+    ]
+    # An index scanned from end to end, with no condition to seek by, reads a table.
+    problems += [
+        f"{node['Node Type']} of all of {node['Index Name']}"
+        for node in nodes
+        if node["Node Type"] in ("Index Scan", "Index Only Scan")
+        and node.get("Schema") == schema
+        and "Index Cond" not in node
+        and not node["Index Name"].startswith(("job_claim_idx", "job_due_idx", "job_running_idx"))
+    ]
+    used = {node.get("Index Name") for node in nodes}
+    # A partition's index is named after its parent's: job_history_p20261201_id_idx.
+    used |= {re.sub(r"_p\d{8}_", "_", name) for name in used if name}
+    for alternatives in case.uses:
+        if not used & set(alternatives):
+            problems.append(f"uses none of {alternatives} (uses {sorted(n for n in used if n)})")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def seeded_schema(dsn: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """One seeded schema for the whole module: seeding is the slow part."""
+    name = f"t_plans_{uuid.uuid4().hex[:12]}"
+
+    async def seed() -> dict[str, Any]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await migrate(conn, name)
+            job = f"{name}.job"
+            await conn.execute(
+                f"""
+                INSERT INTO {job} (state, queue, kind, run_at, args)
+                SELECT 'scheduled', '{QUEUE}', 'k', now() + interval '1 day' + g * interval '1 s', '{{}}'
+                FROM generate_series(1, {FUTURE_JOBS}) AS g;
+                INSERT INTO {job} (state, queue, kind, args)
+                SELECT 'available', 'other', 'k', '{{}}' FROM generate_series(1, {OTHER_QUEUE_JOBS});
+                INSERT INTO {job} (state, queue, kind, args)
+                SELECT 'available', '{QUEUE}', 'k', '{{}}' FROM generate_series(1, {CHURNED_JOBS});
+                DELETE FROM {job} WHERE queue = '{QUEUE}' AND state = 'available';
+                INSERT INTO {job} (state, queue, kind, args, owner, fence, attempt,
+                                   attempted_at, lease_expires_at)
+                SELECT 'running', '{QUEUE}', 'k', '{{}}', 'member-' || (g % 3), nextval('{name}.fence_seq'),
+                       1, now(), now() + interval '1 hour'
+                FROM generate_series(1, {RUNNING_JOBS}) AS g;
+                INSERT INTO {job} (state, queue, kind, args)
+                SELECT 'available', '{QUEUE}', 'k', '{{}}' FROM generate_series(1, {DUE_JOBS});
+                INSERT INTO {name}.job_history (id, finished_at, run_at, enqueued_at, attempt,
+                    max_attempts, priority, state, queue, kind, args)
+                SELECT 1000000000 + g, now(), now(), now(), 1, 20, 0, 'completed', '{QUEUE}', 'k', '{{}}'
+                FROM generate_series(1, {HISTORY_ROWS}) AS g;
+                ANALYZE {job};
+                ANALYZE {name}.job_history;
+                """  # noqa: E501
+            )
+            running = await conn.fetch(
+                f"SELECT id, fence FROM {job} WHERE state = 'running' AND owner = 'member-0' "
+                f"ORDER BY id LIMIT {BATCH}"
+            )
+            term = await conn.fetchval(for_schema(name)["leader_term_begin"], "planner")
+            return {
+                "running_ids": [r["id"] for r in running],
+                "running_fences": [r["fence"] for r in running],
+                "history_id": 1_000_000_000 + HISTORY_ROWS // 2,
+                "term": term,
+            }
+        finally:
+            await conn.close()
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+        finally:
+            await conn.close()
+
+    try:
+        yield name, anyio.run(seed)
+    finally:
+        anyio.run(drop)
+
+
+async def _plan(
+    conn: asyncpg.Connection, sql: str, args: tuple[Any, ...], *, generic: bool, analyze: bool
+) -> dict[str, Any]:
+    """The plan of `sql` with `args`, in a transaction rolled back (an ANALYZE runs it)."""
+    options = "FORMAT JSON" + (", ANALYZE, BUFFERS" if analyze else "")
+    transaction = conn.transaction()
+    await transaction.start()
+    try:
+        if generic:
+            await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        await conn.execute(f"PREPARE plan_case AS {sql}")
+        # EXPLAIN EXECUTE takes no bind parameters: each value becomes a literal of the
+        # type PostgreSQL inferred for its parameter.
+        types = await conn.fetchval(
+            "SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = 'plan_case'"
+        )
+        literals = [
+            f"{await conn.fetchval(f'SELECT quote_nullable(($1::{t})::text)', v)}::{t}"
+            for t, v in zip(types, args, strict=True)
+        ]
+        text = await conn.fetchval(f"EXPLAIN ({options}) EXECUTE plan_case({', '.join(literals)})")
+        plan: dict[str, Any] = json.loads(text)[0]["Plan"]
+        return plan
+    finally:
+        await transaction.rollback()
+        await conn.execute("DEALLOCATE ALL")
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+@pytest.mark.parametrize("case", CASES, ids=[c.statement for c in CASES])
+async def test_the_statement_reads_by_index_never_a_whole_table(
+    dsn: str, seeded_schema: tuple[str, dict[str, Any]], case: Case, generic: bool
+) -> None:
+    schema, seeds = seeded_schema
+    conn = await asyncpg.connect(dsn)
+    try:
+        sql = for_schema(schema)[case.statement]
+        plan = await _plan(conn, sql, case.args(seeds), generic=generic, analyze=False)
+    finally:
+        await conn.close()
+    assert _problems(plan, schema, case) == [], json.dumps(plan, indent=1)[:4000]
+
+
+async def test_the_claim_touches_buffers_in_proportion_to_its_batch_not_the_table(
+    dsn: str, seeded_schema: tuple[str, dict[str, Any]]
+) -> None:
+    schema, seeds = seeded_schema
+    conn = await asyncpg.connect(dsn)
+    try:
+        sql = for_schema(schema)["job_claim"]
+        plan = await _plan(conn, sql, CASES[0].args(seeds), generic=False, analyze=True)
+    finally:
+        await conn.close()
+    touched = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+    rows = FUTURE_JOBS + OTHER_QUEUE_JOBS + RUNNING_JOBS + DUE_JOBS
+    # A claimed row costs a few pages (heap, each index it is in, the fence sequence):
+    # a plan that scanned the hot table would touch about a page per 40 rows instead.
+    assert plan["Actual Rows"] == BATCH
+    assert touched < 25 * BATCH, (touched, rows)
