@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from pgjobd.client import Client, JobInfo, JobSpec, SyncClient
     from pgjobd.errors import DuplicateJob, EnqueueError, PgjobdError
-    from pgjobd.handler import Discard, JobContext, Retry, Snooze, job
+    from pgjobd.handler_api import Discard, JobContext, Retry, Snooze, job
 
 _LAZY = {
     "Client": "pgjobd.client",
@@ -25,11 +25,11 @@ _LAZY = {
     "DuplicateJob": "pgjobd.errors",
     "EnqueueError": "pgjobd.errors",
     "PgjobdError": "pgjobd.errors",
-    "Discard": "pgjobd.handler",
-    "JobContext": "pgjobd.handler",
-    "Retry": "pgjobd.handler",
-    "Snooze": "pgjobd.handler",
-    "job": "pgjobd.handler",
+    "Discard": "pgjobd.handler_api",
+    "JobContext": "pgjobd.handler_api",
+    "Retry": "pgjobd.handler_api",
+    "Snooze": "pgjobd.handler_api",
+    "job": "pgjobd.handler_api",
 }
 
 __all__ = [

@@ -24,7 +24,7 @@ from pgjobd import __version__, admin, config, daemon, dev, log, migrate
 from pgjobd.client import Client
 from pgjobd.duration import parse_duration
 from pgjobd.errors import ConfigError, EnqueueError, PgjobdError, SchemaError
-from pgjobd.handlers import check_cron, load_directories
+from pgjobd.handler_loader import check_cron, load_directories
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

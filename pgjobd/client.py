@@ -23,8 +23,8 @@ from pgjobd import admin, errors, migrate
 from pgjobd.config import MAX_ARGS_BYTES
 from pgjobd.duration import to_timedelta
 from pgjobd.errors import DuplicateJob, EnqueueError
-from pgjobd.handler import ArgsError, DurationLike, validate_args
-from pgjobd.handlers import Registry
+from pgjobd.handler_api import ArgsError, DurationLike, validate_args
+from pgjobd.handler_loader import Registry
 from pgjobd.names import kind_name_problem, queue_name_problem, schema_name_problem
 from pgjobd.queries import Queries, for_schema
 

@@ -203,8 +203,8 @@ class Completer:
 
     async def _write_all(self, pending: list[Outcome]) -> None:
         """Record `pending`, removing from it what is recorded (or dropped)."""
-        completed = [o for o in pending if o.kind == "completed"]
-        others = [o for o in pending if o.kind != "completed"]
+        completed = [o for o in pending if o.verdict == "completed"]
+        others = [o for o in pending if o.verdict != "completed"]
         for group, write in ((completed, self._complete), (others, self._fail)):
             if group:
                 await self._write_splitting(group, write, pending)
@@ -243,7 +243,7 @@ class Completer:
         self.unstorable += 1
         job = outcome.job
         message = storable_text(
-            f"PostgreSQL refused to record this attempt's outcome ({outcome.kind}): "
+            f"PostgreSQL refused to record this attempt's outcome ({outcome.verdict}): "
             f"{type(error).__name__}: {error}",
             MAX_MESSAGE_CHARS,
         )
@@ -314,13 +314,13 @@ class Completer:
         hot path by default), failed attempts at warning, dead jobs at error."""
         debug = log.isEnabledFor(logging.DEBUG)
         for outcome, reason in recorded:
-            kind = outcome.kind
-            if kind in _QUIET and reason is None and not debug:
+            verdict = outcome.verdict
+            if verdict in _QUIET and reason is None and not debug:
                 continue
             job = outcome.job
             fields: dict[str, Any] = {
                 "job_id": job.id, "kind": job.kind, "queue": job.queue,
-                "attempt": job.attempt, "member": self.member_id, "outcome": kind,
+                "attempt": job.attempt, "member": self.member_id, "outcome": verdict,
                 "duration_s": round(outcome.duration_s, 6),
             }  # fmt: skip
             error = ": ".join(e for e in (outcome.error_class, outcome.error_message) if e)
@@ -333,19 +333,19 @@ class Completer:
                 fields.update(event="job.dead", reason=reason)
                 log.error(
                     "job %d (%s) is dead (%s) after attempt %d: %s",
-                    job.id, job.kind, reason, job.attempt, error or kind, extra=fields,
+                    job.id, job.kind, reason, job.attempt, error or verdict, extra=fields,
                 )  # fmt: skip
-            elif kind in _QUIET:
-                fields["event"] = f"job.{kind}"
-                log.debug("job %d (%s) %s", job.id, job.kind, kind, extra=fields)
-            elif kind == "given_back":
+            elif verdict in _QUIET:
+                fields["event"] = f"job.{verdict}"
+                log.debug("job %d (%s) %s", job.id, job.kind, verdict, extra=fields)
+            elif verdict == "given_back":
                 fields["event"] = "job.given_back"
                 log.info("job %d (%s) given back", job.id, job.kind, extra=fields)
             else:
                 fields["event"] = "job.failed"
                 log.warning(
                     "job %d (%s) attempt %d of %d failed (%s); it will run again: %s",
-                    job.id, job.kind, job.attempt, job.max_attempts, kind, error or kind,
+                    job.id, job.kind, job.attempt, job.max_attempts, verdict, error or verdict,
                     extra=fields,
                 )  # fmt: skip
 
@@ -355,16 +355,16 @@ class Completer:
         there (job_end_reason, the reaper's rule too); the delay applies if it does not."""
         job = outcome.job
         queue = self._queue(outcome)
-        if outcome.kind in ("retry", "snoozed") and outcome.after_s is not None:
+        if outcome.verdict in ("retry", "snoozed") and outcome.after_s is not None:
             delay_s = outcome.after_s
-        elif outcome.kind == "given_back":
+        elif outcome.verdict == "given_back":
             delay_s = 0.0
         else:
             delay_s = backoff.retry_delay_s(
                 job.attempt, queue.backoff_base.total_seconds(), queue.backoff_max.total_seconds()
             )
         return (
-            job.id, job.fence, outcome.kind, queue.max_crashes, timedelta(seconds=delay_s),
+            job.id, job.fence, outcome.verdict, queue.max_crashes, timedelta(seconds=delay_s),
             outcome.error_class, outcome.error_message, outcome.traceback, outcome.duration_s,
             queue.history != "none",
         )  # fmt: skip

@@ -5,7 +5,7 @@ flight can always be recorded):
 
   services   completer, LISTEN session, presence heartbeat, lease keeper, stray
              sweeper, signal watcher (and the member acting on its messages)
-  workers    one WorkerPool per queue (the subprocesses), per generation
+  workers    one QueueWorkers per queue (the subprocesses), per generation
   intake     one producer per queue, the promoter of due jobs, the reload
              coordinator, and the leader elector with the roles it runs while this
              member leads
@@ -63,7 +63,7 @@ from pgjobd.roles.queue_stats import QueueStats
 from pgjobd.roles.reaper import Reaper
 from pgjobd.roles.reindexer import Reindexer
 from pgjobd.roles.runner import RoleRunner
-from pgjobd.supervisor import WorkerPool, become_subreaper
+from pgjobd.supervisor import QueueWorkers, become_subreaper
 
 __all__ = ["Member", "leader_roles", "most_telling", "new_member_id"]
 
@@ -122,17 +122,17 @@ class Member:
         return [] if self._generations is None else self._generations.running
 
     def held(self) -> HeldJobs:
-        """Every job in flight on this member by (id, fence), with the pool holding it."""
+        """Every job in flight on this member by (id, fence), with the queue workers holding it."""
         return {} if self._generations is None else self._generations.held()
 
     def cancel_job(self, job_id: int) -> None:
         """An admin cancelled this job: set ctx.cancelled in the worker holding it (the
         attempt's end then records it as cancelled, unless it completes)."""
-        for key, (worker_pool, job) in self.held().items():
+        for key, (queue_workers, job) in self.held().items():
             if key[0] == job_id:
                 fields = {"event": "job.cancel_requested", **job_fields(job, self.id)}
                 log.info("job %d cancelled by an admin", job_id, extra=fields)
-                worker_pool.cancel(key)
+                queue_workers.cancel(key)
 
     async def run(self) -> None:
         """Serve until drained. Raises ConfigError (a handler that cannot be imported),
@@ -185,9 +185,9 @@ class Member:
             listener_healthy=notifier is not None and notifier.healthy,
             recording=completer is None or completer.accepting,
             failed_queues={
-                name: worker_pool.failed
-                for name, worker_pool in self._current_pools().items()
-                if worker_pool.failed is not None
+                name: queue_workers.failed
+                for name, queue_workers in self._current_workers().items()
+                if queue_workers.failed is not None
             },
             loop_lag_s=self.loop_monitor.lag_s,
         )
@@ -198,9 +198,9 @@ class Member:
             in_flight[job.queue] = in_flight.get(job.queue, 0) + 1
         workers: dict[str, int] = {}
         for generation in self.generations:
-            for name, worker_pool in generation.workers.items():
+            for name, queue_workers in generation.workers.items():
                 in_flight.setdefault(name, 0)
-                workers[name] = workers.get(name, 0) + worker_pool.live_processes()
+                workers[name] = workers.get(name, 0) + queue_workers.live_processes()
         checks = self.health_checks()
         return metrics.MemberState(
             in_flight=in_flight,
@@ -211,13 +211,13 @@ class Member:
             event_loop_lag_s=self.loop_monitor.lag_s,
         )
 
-    def _current_pools(self) -> dict[str, WorkerPool]:
-        return {} if self._generations is None else self._generations.current_pools()
+    def _current_workers(self) -> dict[str, QueueWorkers]:
+        return {} if self._generations is None else self._generations.current_workers()
 
     async def _serve(self, pool: asyncpg.Pool) -> None:
         ctx = MemberContext(pool, self.q, self.id, self.live, self.vitals, self.held)
         send, receive = anyio.create_memory_object_stream[Outcome](OUTCOME_BUFFER)
-        # pools send through clones; closed when all are done
+        # each QueueWorkers sends through a clone; closed when all are done
         self.completer = Completer(pool, self.q, self.id, self.live.queues, receive)
         self.notifier = Notifier(self.config, self.config.queues)
         self.notifier.on_cancel = self.cancel_job
@@ -230,8 +230,8 @@ class Member:
                 services.start_soon(StraySweeper().run, ctx)
             services.start_soon(systemd.keep_watchdog_fed)  # also while draining
             await services.start(watched, ctx, "listener", self.notifier.run)
-            async with anyio.create_task_group() as pools:
-                generations.pools_tg = pools
+            async with anyio.create_task_group() as workers_tg:
+                generations.workers_tg = workers_tg
                 first = await generations.start(self.config)
                 await generations.declare(first)
                 for service in (self.presence, LeaseKeeper()):
@@ -265,7 +265,7 @@ class Member:
                         extra={"event": "member.ready", "member": self.id},
                     )  # fmt: skip
                 await self._drain(generations)
-                pools.cancel_scope.cancel()
+                workers_tg.cancel_scope.cancel()
             generations.close_outcomes()
             self.completer.give_up_after(FINAL_FLUSH_S)
             send.close()  # the completer records what is left, then ends

@@ -3,8 +3,8 @@
 All of them are recorded in the supervisor process (the daemon's event loop): worker
 processes report their jobs' durations in Done frames, so no multiprocess mode is
 needed. Counters move where the fact becomes true: the completer counts outcomes once
-the database has recorded them (fence-checked), producers count claims, the worker
-pools count restarts, the leader's roles set the fleet-wide gauges. Values that are
+the database has recorded them (fence-checked), producers count claims, the queue
+workers count restarts, the leader's roles set the fleet-wide gauges. Values that are
 cheaper to read than to track (jobs in flight, crash-looping queues) are read at scrape
 time by `MemberCollector`.
 
@@ -201,7 +201,7 @@ _FLEET_GAUGES: tuple[Gauge, ...] = (
 
 QUEUE_STATES = ("available", "scheduled", "running", "retryable")
 
-# Outcome kinds that are failed attempts (job_attempt rows), and the rest.
+# Verdicts that are failed attempts (job_attempt rows), and the rest.
 _FAILED_ATTEMPT = frozenset({"failed", "retry", "discarded", "invalid_args", "unknown_kind",
                              "crashed"})  # fmt: skip
 
@@ -213,19 +213,19 @@ def record_outcomes(recorded: Iterable[tuple[Outcome, str | None]]) -> None:
     for outcome, reason in recorded:
         job = outcome.job
         labels = (job.queue, job.kind)
-        kind = outcome.kind
-        if kind == "given_back":
+        verdict = outcome.verdict
+        if verdict == "given_back":
             tally[JOBS_GIVEN_BACK, (job.queue,)] += 1
             continue
         JOB_DURATION.labels(*labels).observe(outcome.duration_s)
-        if kind == "completed":
+        if verdict == "completed":
             tally[JOBS_COMPLETED, labels] += 1
             continue
-        if kind == "snoozed":
+        if verdict == "snoozed":
             tally[JOBS_SNOOZED, labels] += 1
-        elif kind in _FAILED_ATTEMPT:
+        elif verdict in _FAILED_ATTEMPT:
             tally[JOBS_FAILED, labels] += 1
-            if kind == "discarded":
+            if verdict == "discarded":
                 tally[JOBS_DISCARDED, labels] += 1
             if reason is None:
                 tally[JOBS_RETRIED, labels] += 1

@@ -7,8 +7,8 @@ from typing import Literal
 
 import msgspec
 
-# What became of one run of a job, as the worker (or the supervisor, for a worker that
-# died or hung) reports it:
+# The verdict on one run of a job: what became of it, as the worker (or the supervisor,
+# for a worker that died or hung) reports it:
 #   completed     the handler returned
 #   failed        the handler raised; retried with backoff until attempts are spent
 #   retry         the handler raised Retry(after=...): retried then, attempt counted
@@ -19,7 +19,7 @@ import msgspec
 #                 a later deploy, may know it) until attempts are spent
 #   crashed       the worker process died or was killed holding the job
 #   given_back    never run to an end (drain): available again, attempt not charged
-OutcomeKind = Literal[
+Verdict = Literal[
     "completed", "failed", "retry", "snoozed", "discarded", "invalid_args", "unknown_kind",
     "crashed", "given_back",
 ]  # fmt: skip
@@ -46,7 +46,7 @@ class Outcome(msgspec.Struct, frozen=True):
     """The end of one attempt of one job, for the completer to record (fence-checked)."""
 
     job: ClaimedJob
-    kind: OutcomeKind
+    verdict: Verdict
     duration_s: float = 0.0
     result: bytes | None = None  # JSON text of a completed handler's return value
     error_class: str | None = None

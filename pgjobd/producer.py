@@ -1,5 +1,5 @@
 """One queue's claim loop: claims as many jobs as its workers have free slots, in one
-statement, and hands them to the worker pool.
+statement, and hands them to the queue workers.
 
 It claims only when a slot is free and the completer is keeping up. Between claims it
 waits for a NOTIFY wake-up or, failing that, polls with an interval that doubles while

@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from pgjobd.errors import PgjobdError
-from pgjobd.model import ClaimedJob, KindInfo, OutcomeKind
+from pgjobd.model import ClaimedJob, KindInfo, Verdict
 
 # A worker's exit status, as its parent reads it (the parent never imports pgjobd.worker).
 EXIT_OK = 0
@@ -79,7 +79,9 @@ class BootFailed(Message, frozen=True, tag="boot_failed"):
 class Done(Message, frozen=True, tag="done"):
     job_id: int
     fence: int
-    kind: OutcomeKind
+    # On the wire as "kind" (its name before the rename), so that a worker of one
+    # release still talks to a supervisor of the other.
+    verdict: Verdict = msgspec.field(name="kind")
     duration_s: float
     result: bytes | None = None  # JSON text of the handler's return value
     error_class: str | None = None

@@ -1,6 +1,6 @@
 """A queue's worker processes: start them, feed them jobs, replace them when they die.
 
-The supervisor claims; worker processes (pgjobd.worker) only execute. A WorkerPool always
+The supervisor claims; worker processes (pgjobd.worker) only execute. A QueueWorkers always
 knows which job is in which child, so a child's death is charged to exactly the jobs it
 held, at once, as `crashed` outcomes.
 
@@ -27,7 +27,7 @@ held, at once, as `crashed` outcomes.
   child subreaper (see `become_subreaper`, `kill_strays`). Their stderr is the daemon's.
 - Death: noticed from the process itself (its exit status), not from the end of its
   output, which a descendant holding the pipe open could delay forever.
-- Draining: `drain()` makes the pool take no more jobs and replace no child that ends.
+- Draining: `drain()` makes the queue's workers take no more jobs and replace no child that ends.
   `give_back_all()` kills the children holding jobs first and then reports those jobs
   given_back, so that no handler still runs once its job has been given back.
 - Shutdown: when `run` is cancelled, each child gets Stop and `grace_s` to finish what it
@@ -138,7 +138,7 @@ class _BootError(Exception):
     pass
 
 
-class WorkerPool:
+class QueueWorkers:
     """One queue's worker processes, and the jobs in flight in them."""
 
     def __init__(
@@ -252,21 +252,21 @@ class WorkerPool:
         await self._changed_event().wait()
 
     async def wait_idle(self) -> None:
-        """Return when no job is in flight in this pool."""
+        """Return when no job is in flight in these workers."""
         while any(child.held for child in self._children.values()):
             await self._changed_event().wait()
 
     def live_processes(self) -> int:
-        """Worker processes of this pool that have not exited."""
+        """Worker processes of this queue that have not exited."""
         return sum(1 for c in self._children.values() if c.process.returncode is None)
 
     def held(self) -> dict[JobKey, ClaimedJob]:
-        """Every job in flight in this pool, by (id, fence)."""
+        """Every job in flight in these workers, by (id, fence)."""
         return {key: h.job for child in self._children.values() for key, h in child.held.items()}
 
     def drain(self) -> None:
         """Take no more jobs and replace no child that ends (the member is draining, or
-        this pool's generation retiring). The jobs held run on."""
+        this generation retiring). The jobs held run on."""
         self._draining = True
         self._notify_changed()
 
@@ -434,9 +434,9 @@ class WorkerPool:
         return (found[0] if found else None), "".join(problems)
 
     async def _keep_slot(self, child: _Child) -> None:
-        """Serve one slot's child, then its replacements, until the pool stops.
+        """Serve one slot's child, then its replacements, until the queue's workers stop.
 
-        Runs shielded from the pool's cancellation: _shutdown ends it, so that outcomes
+        Runs shielded from the cancellation of run(): _shutdown ends it, so that outcomes
         arriving during the grace period are still read and sent.
         """
         index = child.index
@@ -576,7 +576,7 @@ class WorkerPool:
                         done.job_id)  # fmt: skip
             return
         outcome = Outcome(
-            held.job, done.kind, duration_s=done.duration_s, result=done.result,
+            held.job, done.verdict, duration_s=done.duration_s, result=done.result,
             error_class=done.error_class, error_message=done.error_message,
             traceback=done.traceback, after_s=done.after_s,
         )  # fmt: skip
@@ -745,7 +745,7 @@ class WorkerPool:
 
 
 class _ProcessTree:
-    """The worker processes of every pool in this process, for kill_strays to spare."""
+    """The worker processes of every QueueWorkers in this process, for kill_strays to spare."""
 
     def __init__(self) -> None:
         self.worker_pids: set[int] = set()
@@ -869,4 +869,4 @@ def describe_exit(returncode: int | None) -> str:
     return f"signal {-returncode} ({name})"
 
 
-__all__ = ["WorkerPool", "become_subreaper", "describe_exit", "kill_strays"]
+__all__ = ["QueueWorkers", "become_subreaper", "describe_exit", "kill_strays"]

@@ -56,7 +56,7 @@ import uvloop
 
 from pgjobd import log as pgjobd_log
 from pgjobd.errors import ConfigError
-from pgjobd.handler import (
+from pgjobd.handler_api import (
     ArgsError,
     Discard,
     HandlerSpec,
@@ -65,7 +65,7 @@ from pgjobd.handler import (
     Snooze,
     validate_args,
 )
-from pgjobd.handlers import PACKAGE_ROOT, Registry, load_directories
+from pgjobd.handler_loader import PACKAGE_ROOT, Registry, load_directories
 from pgjobd.model import ClaimedJob, KindInfo
 from pgjobd.outcome import MAX_MESSAGE_CHARS, MAX_RESULT_BYTES, MAX_TRACEBACK_CHARS, storable
 from pgjobd.protocol import (
@@ -248,7 +248,7 @@ class Worker:
         try:
             await channel.send(storable(done))
         except (OSError, RuntimeError) as e:
-            log.error("job %d: cannot report its outcome (%s): %s", job.id, done.kind, e)
+            log.error("job %d: cannot report its outcome (%s): %s", job.id, done.verdict, e)
             self._channel_broken()
 
     async def execute(self, run: Run) -> Done:
@@ -256,8 +256,8 @@ class Worker:
         job = run.job
         started = time.monotonic()
 
-        def done(kind: Any, **fields: Any) -> Done:
-            return Done(job.id, job.fence, kind, time.monotonic() - started, **fields)
+        def done(verdict: Any, **fields: Any) -> Done:
+            return Done(job.id, job.fence, verdict, time.monotonic() - started, **fields)
 
         spec = self.registry.get(job.kind)
         if spec is None:
@@ -309,8 +309,8 @@ class Worker:
         except BaseException as e:
             if isinstance(e, asyncio.CancelledError) and _being_cancelled():
                 raise
-            kind = "discarded" if isinstance(e, spec.discard_on) else "failed"
-            return done(kind, **_error_fields(e))
+            verdict = "discarded" if isinstance(e, spec.discard_on) else "failed"
+            return done(verdict, **_error_fields(e))
         return done("completed", result=_encode_result(value, ctx))
 
 

@@ -11,7 +11,7 @@ cancelled, in the shape of the leader's roles (`pgjobd.roles`):
   reload        consumes Reload messages: a new generation of workers on a new config
 
 `pgjobd.daemon.Member` is the supervisor: it opens the scopes, starts the services in
-them, and runs the drain. `generations` holds the worker pools (and their producers) of
+them, and runs the drain. `generations` holds the queue workers (and their producers) of
 each version of the config.
 
 Services share a `MemberContext`. Its `config` is a `LiveConfig`: read by everyone,
@@ -34,11 +34,11 @@ from anyio.abc import TaskStatus
 from pgjobd.config import Config, QueueConfig
 from pgjobd.model import ClaimedJob
 from pgjobd.queries import Queries
-from pgjobd.supervisor import JobKey, WorkerPool
+from pgjobd.supervisor import JobKey, QueueWorkers
 
 log = logging.getLogger("pgjobd.daemon")
 
-HeldJobs = dict[JobKey, tuple[WorkerPool, ClaimedJob]]
+HeldJobs = dict[JobKey, tuple[QueueWorkers, ClaimedJob]]
 
 
 class LiveConfig:
@@ -81,7 +81,8 @@ class MemberContext:
     member_id: str
     config: LiveConfig
     vitals: Vitals
-    held: Callable[[], HeldJobs]  # every job in flight on this member, with its pool
+    # every job in flight on this member, with the queue workers holding it
+    held: Callable[[], HeldJobs]
 
     def job_fields(self, job: ClaimedJob) -> dict[str, object]:
         return job_fields(job, self.member_id)

@@ -1,4 +1,4 @@
-"""The member's workers: one generation of worker pools (and their producers) per
+"""The member's workers: one generation of queue workers (and their producers) per
 version of the config. A reload starts a new generation; the old one stops claiming,
 finishes the jobs it holds, and goes."""
 
@@ -19,37 +19,37 @@ from pgjobd.member import HeldJobs, MemberContext, watched
 from pgjobd.model import KindInfo, Outcome
 from pgjobd.notifier import Notifier
 from pgjobd.producer import Producer
-from pgjobd.supervisor import WorkerPool
+from pgjobd.supervisor import QueueWorkers
 
 
 @dataclass(eq=False)
 class Generation:
-    """The worker pools (and their producers) started for one version of the config."""
+    """The queue workers (and their producers) started for one version of the config."""
 
     number: int
     config: Config
-    workers: dict[str, WorkerPool]
+    workers: dict[str, QueueWorkers]
     kinds: list[KindInfo] = field(default_factory=list)
     producers: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    pools: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    worker_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     claimers: list[Producer] = field(default_factory=list)
     # Set when its producers have ended: no claim of theirs is in flight any more.
     producers_done: anyio.Event = field(default_factory=anyio.Event)
 
     def stop_claiming(self, within_s: float) -> None:
         """No more claims for these workers; one in flight still hands its jobs over
-        (they are given back, as the pools take no more), within `within_s`."""
+        (they are given back, as the queue workers take no more), within `within_s`."""
         for claimer in self.claimers:
             claimer.stop(within_s)
         self.producers.cancel()
-        for worker_pool in self.workers.values():
-            worker_pool.drain()
+        for queue_workers in self.workers.values():
+            queue_workers.drain()
 
 
 class Generations:
     """Every generation still running on this member, oldest first.
 
-    The supervisor hands over the scopes they run in: `pools_tg` (the worker pools,
+    The supervisor hands over the scopes they run in: `workers_tg` (the queue workers,
     which outlive intake) and `intake_tg` (the producers)."""
 
     def __init__(
@@ -60,27 +60,27 @@ class Generations:
         notifier: Notifier,
     ) -> None:
         self.ctx = ctx
-        self.outcomes = outcomes  # each pool sends through a clone
+        self.outcomes = outcomes  # each QueueWorkers sends through a clone
         self.completer = completer
         self.notifier = notifier
         self.running: list[Generation] = []
-        self.pools_tg: TaskGroup | None = None
+        self.workers_tg: TaskGroup | None = None
         self.intake_tg: TaskGroup | None = None
 
     def held(self) -> HeldJobs:
         return {
-            key: (pool, job)
+            key: (queue_workers, job)
             for generation in self.running
-            for pool in generation.workers.values()
-            for key, job in pool.held().items()
+            for queue_workers in generation.workers.values()
+            for key, job in queue_workers.held().items()
         }
 
-    def current_pools(self) -> dict[str, WorkerPool]:
-        """The newest generation's pools (older ones only finish what they hold)."""
+    def current_workers(self) -> dict[str, QueueWorkers]:
+        """The newest generation's queue workers (older ones only finish what they hold)."""
         return self.running[-1].workers if self.running else {}
 
-    def all_pools(self) -> list[WorkerPool]:
-        return [pool for generation in self.running for pool in generation.workers.values()]
+    def all_workers(self) -> list[QueueWorkers]:
+        return [w for generation in self.running for w in generation.workers.values()]
 
     def stop_claiming(self, within_s: float) -> None:
         for generation in self.running:
@@ -89,29 +89,29 @@ class Generations:
     async def wait_idle(self) -> None:
         """Return when no job is in flight in any generation."""
         while self.held():
-            for worker_pool in self.all_pools():
-                await worker_pool.wait_idle()
+            for queue_workers in self.all_workers():
+                await queue_workers.wait_idle()
 
     async def give_back_all(self, why: str) -> None:
-        """Kill the workers holding jobs, then give their jobs back (see WorkerPool)."""
+        """Kill the workers holding jobs, then give their jobs back (see QueueWorkers)."""
         async with anyio.create_task_group() as tg:
-            for worker_pool in self.all_pools():
-                if worker_pool.held():
-                    tg.start_soon(worker_pool.give_back_all, why)
+            for queue_workers in self.all_workers():
+                if queue_workers.held():
+                    tg.start_soon(queue_workers.give_back_all, why)
 
     def close_outcomes(self) -> None:
-        for worker_pool in self.all_pools():
-            worker_pool.outcomes.close()
+        for queue_workers in self.all_workers():
+            queue_workers.outcomes.close()
 
     async def start(self, config: Config) -> Generation:
-        """Boot worker pools for `config`: new processes import the handler code afresh.
-        ConfigError if a handler module does not import (the pools started are stopped)."""
-        assert self.pools_tg is not None, "no scope for the worker pools yet"
+        """Boot queue workers for `config`: new processes import the handler code afresh.
+        ConfigError if a handler module does not import (the queue workers started are stopped)."""
+        assert self.workers_tg is not None, "no scope for the queue workers yet"
         member_id = self.ctx.member_id
         generation = Generation(
             len(self.running) + 1, config,
             {
-                name: WorkerPool(
+                name: QueueWorkers(
                     name, queue, config.daemon.handlers, self.outcomes.clone(),
                     env=pgjobd_log.worker_env(
                         config.daemon.log_format, config.daemon.log_level, member_id
@@ -121,7 +121,7 @@ class Generations:
             },
         )  # fmt: skip
         try:
-            generation.kinds = await self.pools_tg.start(self._run_pools, generation)
+            generation.kinds = await self.workers_tg.start(self._run_workers, generation)
         except BaseExceptionGroup as group:
             raise most_telling(group) from None
         self.running.append(generation)
@@ -133,8 +133,8 @@ class Generations:
 
     def retire(self, generation: Generation) -> None:
         """Let an old generation finish the jobs it holds, then stop its workers."""
-        assert self.pools_tg is not None
-        self.pools_tg.start_soon(self._retire, generation)
+        assert self.workers_tg is not None
+        self.workers_tg.start_soon(self._retire, generation)
 
     async def declare(self, generation: Generation) -> None:
         """Record each kind's effective defaults, for enqueues that name only the kind."""
@@ -155,15 +155,15 @@ class Generations:
                     self.ctx.queries["kind_declare_many"], *columns, self.ctx.member_id
                 )
 
-    async def _run_pools(
+    async def _run_workers(
         self, generation: Generation, *, task_status: TaskStatus[list[KindInfo]]
     ) -> None:
-        with generation.pools:
+        with generation.worker_scope:
             async with anyio.create_task_group() as tg:
                 kinds: list[KindInfo] = []
-                for worker_pool in generation.workers.values():
-                    # Every pool loads the same handler directories: the same kinds.
-                    kinds = await tg.start(worker_pool.run)
+                for queue_workers in generation.workers.values():
+                    # Every queue's workers load the same handler directories: the same kinds.
+                    kinds = await tg.start(queue_workers.run)
                 task_status.started(kinds)
         if generation in self.running:
             self.running.remove(generation)
@@ -172,10 +172,10 @@ class Generations:
         try:
             with generation.producers:
                 async with anyio.create_task_group() as tg:
-                    for name, worker_pool in generation.workers.items():
+                    for name, queue_workers in generation.workers.items():
                         producer = Producer(
                             name, pool=self.ctx.pool, queries=self.ctx.queries,
-                            workers=worker_pool, wakeup=self.notifier.wakeup(name),
+                            workers=queue_workers, wakeup=self.notifier.wakeup(name),
                             completer=self.completer, member_id=self.ctx.member_id,
                             lease=generation.config.daemon.lease,
                         )  # fmt: skip
@@ -186,9 +186,9 @@ class Generations:
 
     async def _retire(self, generation: Generation) -> None:
         await generation.producers_done.wait()  # no claim for it in flight
-        for worker_pool in generation.workers.values():
-            await worker_pool.wait_idle()
-        generation.pools.cancel()
+        for queue_workers in generation.workers.values():
+            await queue_workers.wait_idle()
+        generation.worker_scope.cancel()
 
 
 def most_telling(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -48,10 +48,10 @@ class LeaseKeeper:
             if row["cancel_requested"] and key in held:  # in case NOTIFY was missed
                 held[key][0].cancel(key)
         for key in held.keys() - found:
-            worker_pool, job = held[key]
-            if key in worker_pool.held():  # not finished meanwhile
+            queue_workers, job = held[key]
+            if key in queue_workers.held():  # not finished meanwhile
                 log.warning(
                     "lease of job %d lost; cancelling it", key[0],
                     extra={"event": "lease.lost", **ctx.job_fields(job)},
                 )  # fmt: skip
-                worker_pool.cancel(key)
+                queue_workers.cancel(key)

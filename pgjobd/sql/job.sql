@@ -178,7 +178,7 @@ SELECT f.id, f.fence FROM finished AS f CROSS JOIN recorded;
 -- gets one job_attempt row: matched by id and fence, as a batch may hold a stale
 -- outcome of the same job. Returns the (id, fence) pairs recorded, each with its reason
 -- when it ended (dead: why; or 'cancelled'), else NULL.
--- $1 ids, $2 fences, $3 outcome kinds, $4 the queues' max_crashes, $5 delays,
+-- $1 ids, $2 fences, $3 verdicts, $4 the queues' max_crashes, $5 delays,
 -- $6 error classes, $7 error messages, $8 tracebacks, $9 durations (s),
 -- $10 keep a history record, $11 member id
 WITH o AS (

@@ -19,7 +19,7 @@ async def test_a_worker_dying_during_a_claim_does_not_take_the_member_down(
 ) -> None:
     """Found by `python -m chaos bad-handlers`: the producer reserves a queue's free slots,
     claims that many jobs, then submits them; a worker process that dies while the claim
-    is in flight takes its slots with it, WorkerPool.submit_many raises
+    is in flight takes its slots with it, QueueWorkers.submit_many raises
     "submit() with no free slot", and the whole member exits with status 1 (every job it
     held waits for its lease to expire, each charged a crash)."""
     member = await start_member(

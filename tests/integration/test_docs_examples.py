@@ -24,7 +24,7 @@ import anyio
 import asyncpg
 import pytest
 
-from pgjobd.handlers import load_directories
+from pgjobd.handler_loader import load_directories
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATIONS = REPO / "docs" / "operations.md"

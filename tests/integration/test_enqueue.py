@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from pgjobd import Client, DuplicateJob, EnqueueError, JobSpec, SyncClient, job
 from pgjobd.client import MAX_ARGS_BYTES
-from pgjobd.handlers import Registry
+from pgjobd.handler_loader import Registry
 
 pytestmark = pytest.mark.anyio
 

@@ -25,7 +25,7 @@ from pgjobd import outcome as storage
 from pgjobd.completer import MAX_BATCH, UNSTORABLE, Completer
 from pgjobd.config import QueueConfig
 from pgjobd.duration import Duration
-from pgjobd.model import ClaimedJob, Outcome, OutcomeKind
+from pgjobd.model import ClaimedJob, Outcome, Verdict
 from pgjobd.queries import Queries, for_schema
 
 pytestmark = pytest.mark.anyio
@@ -135,7 +135,7 @@ async def test_unstorable_outcomes_cost_their_neighbours_nothing(world: World) -
     assert completer.unstorable == 2
 
     for o in neighbours:
-        if o.kind == "completed":
+        if o.verdict == "completed":
             assert await world.state(o.job.id) == "completed"
         else:
             assert await world.state(o.job.id) == "retryable"
@@ -262,7 +262,7 @@ _delays = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.sampled_from([-1e308, -1.0, 0.0, 1e-9, 1e9, 1e12, 1e300, storage.MAX_DELAY_S + 1]),
 )
-_kinds: list[OutcomeKind] = [
+_verdicts: list[Verdict] = [
     "completed", "failed", "retry", "snoozed", "discarded", "invalid_args", "unknown_kind",
     "crashed", "given_back",
 ]  # fmt: skip
@@ -272,7 +272,7 @@ _kinds: list[OutcomeKind] = [
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
-    kind=st.sampled_from(_kinds),
+    verdict=st.sampled_from(_verdicts),
     max_attempts=st.integers(1, 3),
     result=_results,
     error_class=_texts,
@@ -282,21 +282,21 @@ _kinds: list[OutcomeKind] = [
     duration_s=st.floats(allow_nan=True, allow_infinity=True),
 )
 async def test_any_outcome_ends_in_a_recorded_state(
-    world: World, kind: OutcomeKind, max_attempts: int, result: bytes | None,
+    world: World, verdict: Verdict, max_attempts: int, result: bytes | None,
     error_class: str | None, error_message: str | None, traceback: str | None,
     after_s: float | None, duration_s: float,
 ) -> None:  # fmt: skip
     (job,) = await world.claimed(1, max_attempts)
     completer = world.completer()
     outcome = Outcome(
-        job, kind, duration_s=duration_s, result=result, error_class=error_class,
+        job, verdict, duration_s=duration_s, result=result, error_class=error_class,
         error_message=error_message, traceback=traceback, after_s=after_s,
     )  # fmt: skip
     await completer.flush([outcome])
     assert completer.stale == 0
     state = await world.state(job.id)
     assert state in ("completed", "retryable", "scheduled", "available", "dead"), state
-    assert state != "available" or kind == "given_back"
+    assert state != "available" or verdict == "given_back"
 
     # and the next ordinary job goes through as ever
     (normal,) = await world.claimed(1)

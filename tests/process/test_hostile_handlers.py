@@ -1,6 +1,6 @@
-"""Handlers that misbehave at the OS level, against a WorkerPool with real processes.
+"""Handlers that misbehave at the OS level, against a QueueWorkers with real processes.
 
-Each handler leaves a process behind or breaks its worker's pipes; the pool must notice
+Each handler leaves a process behind or breaks its worker's pipes; the supervisor must notice
 the worker's death from the process itself, end its whole process group with it, and
 report the job sensibly. (Descendants that leave the group are the daemon's, as a
 subreaper: see tests/e2e/test_drain_hardening.py.)
@@ -24,7 +24,7 @@ from pgjobd.duration import Duration
 from pgjobd.errors import ConfigError
 from pgjobd.model import ClaimedJob, Outcome
 from pgjobd.protocol import Run, encode_frame
-from pgjobd.supervisor import WorkerPool
+from pgjobd.supervisor import QueueWorkers
 
 from .handlers_source import SOURCE
 from .test_supervisor import WAIT_S, Harness, handler_dir, make_job
@@ -139,16 +139,16 @@ async def until_dead(pid: int) -> None:
 
 
 @asynccontextmanager
-async def hostile_pool(tmp_path: Path, *, concurrency: int = 1) -> AsyncIterator[Harness]:
+async def hostile_workers(tmp_path: Path, *, concurrency: int = 1) -> AsyncIterator[Harness]:
     send, receive = anyio.create_memory_object_stream[Outcome](100)
-    # A long timeout: the pool must notice a death long before its watchdog would.
+    # A long timeout: the supervisor must notice a death long before its watchdog would.
     config = QueueConfig(concurrency=concurrency, processes=1, timeout=Duration(seconds=600))
     directory = handler_dir(tmp_path, {"jobs.py": SOURCE, "hostile.py": HOSTILE})
-    pool = WorkerPool("default", config, [directory], send, grace_s=0.5)
+    workers = QueueWorkers("default", config, [directory], send, grace_s=0.5)
     async with anyio.create_task_group() as tg:
         with anyio.fail_after(WAIT_S):
-            kinds = await tg.start(pool.run)
-        yield Harness(pool, receive, kinds, tmp_path)
+            kinds = await tg.start(workers.run)
+        yield Harness(workers, receive, kinds, tmp_path)
         tg.cancel_scope.cancel()
 
 
@@ -156,27 +156,27 @@ async def test_a_worker_killed_under_a_descendant_holding_its_pipe_is_noticed(
     tmp_path: Path,
 ) -> None:
     """The worker's exit, not the end of its output (which the forked child keeps
-    open), tells the pool it died; the child dies with the worker's process group.
+    open), tells the supervisor it died; the child dies with the worker's process group.
     At d1c1ca0 the crash went unnoticed until the job's timeout."""
     pidfile = tmp_path / "grandchild"
-    async with hostile_pool(tmp_path) as h:
+    async with hostile_workers(tmp_path) as h:
         outcome = await h.run("forks_and_dies", {"pidfile": str(pidfile)})
-        assert outcome.kind == "crashed"
+        assert outcome.verdict == "crashed"
         assert outcome.error_message is not None and "exit status 7" in outcome.error_message
         await until_dead(await read_pid(pidfile))
         # The slot is served again by a new worker.
-        assert (await h.run("add", {"a": 1, "b": 1})).kind == "completed"
+        assert (await h.run("add", {"a": 1, "b": 1})).verdict == "completed"
 
 
 @pytest.mark.parametrize("kind", ["forks_and_returns", "spawns_sigterm_ignorer"])
 async def test_what_a_handler_started_ends_with_its_worker(tmp_path: Path, kind: str) -> None:
     pidfile = tmp_path / "descendant"
-    async with hostile_pool(tmp_path) as h:
+    async with hostile_workers(tmp_path) as h:
         outcome = await h.run(kind, {"pidfile": str(pidfile)})
-        assert outcome.kind == "completed"
+        assert outcome.verdict == "completed"
         descendant = await read_pid(pidfile)
         assert alive(descendant)  # the worker lives on, and so may what it started
-    await until_dead(descendant)  # the pool stopped: the worker's group went with it
+    await until_dead(descendant)  # the workers stopped: the worker's group went with it
 
 
 async def test_a_handler_that_closes_the_workers_pipes_costs_one_crashed_job(
@@ -184,21 +184,21 @@ async def test_a_handler_that_closes_the_workers_pipes_costs_one_crashed_job(
 ) -> None:
     """The worker cannot report the outcome: it exits at once (status 4) instead of
     holding the job until its timeout; the job is reported crashed, the slot replaced."""
-    async with hostile_pool(tmp_path) as h:
+    async with hostile_workers(tmp_path) as h:
         outcome = await h.run("closes_the_pipes")
-        assert outcome.kind == "crashed"
+        assert outcome.verdict == "crashed"
         assert outcome.error_message is not None and "exit status 4" in outcome.error_message
-        assert (await h.run("add", {"a": 1, "b": 1})).kind == "completed"
+        assert (await h.run("add", {"a": 1, "b": 1})).verdict == "completed"
 
 
 async def test_a_handler_that_writes_garbage_to_the_pipe_costs_one_crashed_job(
     tmp_path: Path,
 ) -> None:
-    async with hostile_pool(tmp_path) as h:
+    async with hostile_workers(tmp_path) as h:
         outcome = await h.run("writes_garbage")
-        assert outcome.kind == "crashed"
+        assert outcome.verdict == "crashed"
         assert outcome.error_message is not None and "protocol error" in outcome.error_message
-        assert (await h.run("add", {"a": 1, "b": 1})).kind == "completed"
+        assert (await h.run("add", {"a": 1, "b": 1})).verdict == "completed"
 
 
 async def test_two_attempts_of_one_job_are_held_and_cancelled_apart(tmp_path: Path) -> None:
@@ -206,21 +206,21 @@ async def test_two_attempts_of_one_job_are_held_and_cancelled_apart(tmp_path: Pa
     (claimed again) at once. They are held by (id, fence): cancelling the stale one
     leaves the live one running, and each reports its own outcome. At d1c1ca0 the
     second overwrote the first (held by id)."""
-    async with hostile_pool(tmp_path, concurrency=2) as h:
+    async with hostile_workers(tmp_path, concurrency=2) as h:
         old = make_job("wait_cancel")
         new = ClaimedJob(**{**_fields(old), "fence": old.fence + 1, "attempt": 2})
         await h.submit(old)
         await h.submit(new)
         keys = {(old.id, old.fence), (new.id, new.fence)}
-        assert set(h.pool.held()) == keys
-        h.pool.cancel((old.id, old.fence))
+        assert set(h.workers.held()) == keys
+        h.workers.cancel((old.id, old.fence))
         outcome = await h.outcome()
-        assert (outcome.job.fence, outcome.kind) == (old.fence, "completed")
-        assert set(h.pool.held()) == {(new.id, new.fence)}
-        h.pool.cancel((new.id, new.fence))
+        assert (outcome.job.fence, outcome.verdict) == (old.fence, "completed")
+        assert set(h.workers.held()) == {(new.id, new.fence)}
+        h.workers.cancel((new.id, new.fence))
         outcome = await h.outcome()
-        assert (outcome.job.fence, outcome.kind) == (new.fence, "completed")
-        assert h.pool.held() == {}
+        assert (outcome.job.fence, outcome.verdict) == (new.fence, "completed")
+        assert h.workers.held() == {}
 
 
 def _fields(job: ClaimedJob) -> dict[str, object]:
@@ -228,22 +228,22 @@ def _fields(job: ClaimedJob) -> dict[str, object]:
 
 
 async def test_give_back_all_kills_before_it_gives_back(tmp_path: Path) -> None:
-    """At a drain deadline the pool kills the workers holding jobs, with what they
+    """At a drain deadline QueueWorkers kills the workers holding jobs, with what they
     started, and only then reports the jobs given back; no replacement starts."""
     pidfile = tmp_path / "worker"
-    async with hostile_pool(tmp_path) as h:
+    async with hostile_workers(tmp_path) as h:
         job = make_job("wait_file", {"path": str(tmp_path / "never"), "started": str(pidfile)})
         await h.submit(job)
         with anyio.fail_after(WAIT_S):
             while not pidfile.exists():  # noqa: ASYNC110 - polled under a deadline
                 await anyio.sleep(0.01)
-        (worker,) = [c.pid for c in h.pool._children.values()]
-        assert await h.pool.give_back_all("drain deadline") == 1
+        (worker,) = [c.pid for c in h.workers._children.values()]
+        assert await h.workers.give_back_all("drain deadline") == 1
         assert not alive(worker)
         outcome = await h.outcome()
-        assert (outcome.job, outcome.kind) == (job, "given_back")
-        assert h.pool.held() == {} and h.pool.free_slots() == 0
-        assert h.pool.live_processes() == 0
+        assert (outcome.job, outcome.verdict) == (job, "given_back")
+        assert h.workers.held() == {} and h.workers.free_slots() == 0
+        assert h.workers.live_processes() == 0
 
 
 INTERMEDIATE = """
@@ -336,7 +336,7 @@ async def test_a_worker_dying_at_boot_under_a_descendant_holding_its_pipe_is_not
     send, _ = anyio.create_memory_object_stream[Outcome](10)
     config = QueueConfig(concurrency=1, processes=1, timeout=Duration(seconds=600))
     directory = handler_dir(tmp_path, {"dies.py": DIES_AT_IMPORT})
-    pool = WorkerPool("default", config, [directory], send, grace_s=0.5, boot_timeout_s=600)
+    workers = QueueWorkers("default", config, [directory], send, grace_s=0.5, boot_timeout_s=600)
     with anyio.fail_after(WAIT_S), pytest.raises(ConfigError, match="exit status 5"):
-        await pool.run()
+        await workers.run()
     await until_dead(await read_pid(pidfile))

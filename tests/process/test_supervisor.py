@@ -1,4 +1,4 @@
-"""WorkerPool with real worker processes, no database: ClaimedJobs in, Outcomes out."""
+"""QueueWorkers with real worker processes, no database: ClaimedJobs in, Outcomes out."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pgjobd.config import QueueConfig
 from pgjobd.duration import Duration
 from pgjobd.errors import ConfigError
 from pgjobd.model import ClaimedJob, KindInfo, Outcome
-from pgjobd.supervisor import WorkerPool
+from pgjobd.supervisor import QueueWorkers
 
 from .handlers_source import SOURCE
 
@@ -41,7 +41,7 @@ def make_job(kind: str, args: Any = None, *, raw: bytes | None = None) -> Claime
 
 @dataclass
 class Harness:
-    pool: WorkerPool
+    workers: QueueWorkers
     outcomes: MemoryObjectReceiveStream[Outcome]
     kinds: list[KindInfo]
     tmp: Path
@@ -60,8 +60,8 @@ class Harness:
 
     async def submit(self, job: ClaimedJob) -> None:
         with anyio.fail_after(WAIT_S):
-            await self.pool.wait_free()
-        await self.pool.submit(job)
+            await self.workers.wait_free()
+        await self.workers.submit(job)
 
     async def until(self, condition: Callable[[], bool]) -> None:
         with anyio.fail_after(WAIT_S):
@@ -78,36 +78,36 @@ def handler_dir(tmp_path: Path, files: dict[str, str] | None = None) -> Path:
 
 
 @asynccontextmanager
-async def running_pool(
+async def running_workers(
     tmp_path: Path, *, concurrency: int = 2, processes: int = 1, grace_s: float = 0.5
 ) -> AsyncIterator[Harness]:
     send, receive = anyio.create_memory_object_stream[Outcome](100)
     config = QueueConfig(concurrency=concurrency, processes=processes, timeout=Duration(seconds=30))
-    pool = WorkerPool("default", config, [handler_dir(tmp_path)], send, grace_s=grace_s)
+    workers = QueueWorkers("default", config, [handler_dir(tmp_path)], send, grace_s=grace_s)
     async with anyio.create_task_group() as tg:
         with anyio.fail_after(WAIT_S):
-            kinds = await tg.start(pool.run)
-        yield Harness(pool, receive, kinds, tmp_path)
+            kinds = await tg.start(workers.run)
+        yield Harness(workers, receive, kinds, tmp_path)
         tg.cancel_scope.cancel()
 
 
 async def test_ready_reports_every_kind_with_declared_defaults(tmp_path: Path) -> None:
-    async with running_pool(tmp_path) as h:
+    async with running_workers(tmp_path) as h:
         kinds = {info.kind: info for info in h.kinds}
         assert {"add", "add_sync", "slow_async", "hang_sync"} <= set(kinds)
         assert kinds["slow_async"].timeout_s == pytest.approx(0.3)
         assert kinds["add"] == KindInfo("add", None, None, None, None)
-        assert h.pool.free_slots() == 2
+        assert h.workers.free_slots() == 2
 
 
 async def test_async_and_sync_handlers_complete_with_results(tmp_path: Path) -> None:
-    async with running_pool(tmp_path) as h:
+    async with running_workers(tmp_path) as h:
         outcome = await h.run("add", {"a": 2, "b": 3})
-        assert (outcome.kind, outcome.result, outcome.error_class) == ("completed", b"5", None)
+        assert (outcome.verdict, outcome.result, outcome.error_class) == ("completed", b"5", None)
         assert outcome.duration_s >= 0
 
         outcome = await h.run("add_sync", {"a": 2, "b": 3})
-        assert outcome.kind == "completed"
+        assert outcome.verdict == "completed"
         assert outcome.result is not None
         result = msgspec.json.decode(outcome.result)
         assert result["sum"] == 5 and result["attempt"] == 1
@@ -115,171 +115,172 @@ async def test_async_and_sync_handlers_complete_with_results(tmp_path: Path) -> 
 
         # print() in a handler goes to stderr, not into the frame stream.
         outcome = await h.run("printer")
-        assert (outcome.kind, outcome.result) == ("completed", b'"printed"')
+        assert (outcome.verdict, outcome.result) == ("completed", b'"printed"')
 
         outcome = await h.run("not_json")
-        assert (outcome.kind, outcome.result) == ("completed", None)
-        assert h.pool.held() == {}
+        assert (outcome.verdict, outcome.result) == ("completed", None)
+        assert h.workers.held() == {}
 
 
-async def test_handler_outcomes_map_to_kinds(tmp_path: Path) -> None:
-    async with running_pool(tmp_path) as h:
+async def test_handler_outcomes_map_to_verdicts(tmp_path: Path) -> None:
+    async with running_workers(tmp_path) as h:
         retry = await h.run("retry_later")
-        assert (retry.kind, retry.after_s) == ("retry", 10.0)
+        assert (retry.verdict, retry.after_s) == ("retry", 10.0)
 
         snooze = await h.run("snooze")
-        assert (snooze.kind, snooze.after_s) == ("snoozed", 300.0)
+        assert (snooze.verdict, snooze.after_s) == ("snoozed", 300.0)
 
         discard = await h.run("discard")
-        assert (discard.kind, discard.error_message) == ("discarded", "no such user")
+        assert (discard.verdict, discard.error_message) == ("discarded", "no such user")
 
         listed = await h.run("discard_on_key_error")
-        assert (listed.kind, listed.error_class) == ("discarded", "KeyError")
+        assert (listed.verdict, listed.error_class) == ("discarded", "KeyError")
         assert listed.traceback and "KeyError: 'missing'" in listed.traceback
 
         failed = await h.run("boom")
-        assert (failed.kind, failed.error_class, failed.error_message) == (
+        assert (failed.verdict, failed.error_class, failed.error_message) == (
             "failed", "ValueError", "boom",
         )  # fmt: skip
         assert failed.traceback is not None
         assert "in _inner" in failed.traceback and "jobs.py" in failed.traceback
 
         custom = await h.run("declined")
-        assert (custom.kind, custom.error_class) == ("failed", "jobs.PaymentDeclined")
+        assert (custom.verdict, custom.error_class) == ("failed", "jobs.PaymentDeclined")
 
 
 async def test_invalid_args_and_unknown_kind(tmp_path: Path) -> None:
-    async with running_pool(tmp_path) as h:
+    async with running_workers(tmp_path) as h:
         wrong = await h.run("add", {"a": "two", "b": 3})
-        assert wrong.kind == "invalid_args"
+        assert wrong.verdict == "invalid_args"
         assert wrong.error_message and "Expected `int`, got `str`" in wrong.error_message
 
         not_json = await h.run("add", raw=b"{not json")
-        assert not_json.kind == "invalid_args"
+        assert not_json.verdict == "invalid_args"
         assert not_json.error_message and "not valid JSON" in not_json.error_message
 
         # Deeper than Python converts (a direct INSERT can store it): not retried.
         too_deep = await h.run("add", raw=b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}")
-        assert too_deep.kind == "invalid_args", too_deep
+        assert too_deep.verdict == "invalid_args", too_deep
 
         unknown = await h.run("no_such_kind")
-        assert unknown.kind == "unknown_kind"
+        assert unknown.verdict == "unknown_kind"
         assert unknown.error_message and "no_such_kind" in unknown.error_message
         assert "add_sync" in unknown.error_message  # the known kinds are listed
 
 
 async def test_async_timeout_is_a_failure(tmp_path: Path) -> None:
-    async with running_pool(tmp_path) as h:
+    async with running_workers(tmp_path) as h:
         outcome = await h.run("slow_async")
-        assert (outcome.kind, outcome.error_class) == ("failed", "TimeoutError")
+        assert (outcome.verdict, outcome.error_class) == ("failed", "TimeoutError")
         assert outcome.error_message and "timeout of 0.3s" in outcome.error_message
         # It ran until its timeout (the event loop's timers may fire a millisecond early).
         assert outcome.duration_s >= 0.29
-        assert (await h.run("add", {"a": 1, "b": 1})).kind == "completed"  # same process lives
+        assert (await h.run("add", {"a": 1, "b": 1})).verdict == "completed"  # same process lives
 
 
 async def test_hung_sync_handler_gets_its_process_killed_and_replaced(tmp_path: Path) -> None:
-    async with running_pool(tmp_path, concurrency=1, processes=1, grace_s=0.5) as h:
+    async with running_workers(tmp_path, concurrency=1, processes=1, grace_s=0.5) as h:
         first_pid = msgspec.json.decode((await h.run("pid")).result or b"0")
         hung = await h.run("hang_sync")
-        assert (hung.kind, hung.error_class) == ("crashed", "WorkerCrashed")
+        assert (hung.verdict, hung.error_class) == ("crashed", "WorkerCrashed")
         assert hung.error_message == (
             "killed after the job ran past its timeout of 0.3s + 0.5s grace"
         )
         assert hung.duration_s >= 0.8
         # The replacement takes the next jobs.
         after = await h.run("pid")
-        assert after.kind == "completed"
+        assert after.verdict == "completed"
         assert msgspec.json.decode(after.result or b"0") != first_pid
 
 
 async def test_process_exit_is_a_crash_and_spares_other_processes(tmp_path: Path) -> None:
     flag = tmp_path / "go"
-    async with running_pool(tmp_path, concurrency=2, processes=2) as h:
+    async with running_workers(tmp_path, concurrency=2, processes=2) as h:
         survivor = make_job("wait_file", {"path": str(flag)})
         await h.submit(survivor)  # lands in one process, filling it
-        assert h.pool.free_slots() == 1
+        assert h.workers.free_slots() == 1
         await h.submit(doomed := make_job("exit_hard"))  # so this one lands in the other
         crashed = await h.outcome()
         assert crashed.job == doomed
-        assert (crashed.kind, crashed.error_class) == ("crashed", "WorkerCrashed")
+        assert (crashed.verdict, crashed.error_class) == ("crashed", "WorkerCrashed")
         assert crashed.error_message == "worker process exited: exit status 1"
-        assert set(h.pool.held()) == {(survivor.id, survivor.fence)}
+        assert set(h.workers.held()) == {(survivor.id, survivor.fence)}
 
         flag.touch()
         done = await h.outcome()
-        assert (done.job, done.kind) == (survivor, "completed")
+        assert (done.job, done.verdict) == (survivor, "completed")
 
-        await h.until(lambda: h.pool.free_slots() == 2)  # replaced
+        await h.until(lambda: h.workers.free_slots() == 2)  # replaced
         assert (await h.run("add", {"a": 1, "b": 2})).result == b"3"
 
 
 async def test_external_sigkill_gets_an_oom_hint(tmp_path: Path) -> None:
     flag = tmp_path / "never"
-    async with running_pool(tmp_path, concurrency=1, processes=1) as h:
+    async with running_workers(tmp_path, concurrency=1, processes=1) as h:
         pid = msgspec.json.decode((await h.run("pid")).result or b"0")
         await h.submit(job := make_job("wait_file", {"path": str(flag)}))
         os.kill(pid, 9)
         outcome = await h.outcome()
-        assert (outcome.job, outcome.kind) == (job, "crashed")
+        assert (outcome.job, outcome.verdict) == (job, "crashed")
         assert outcome.error_message == (
             "worker process exited: signal 9 (SIGKILL: possibly the kernel's OOM killer)"
         )
-        assert (await h.run("add", {"a": 1, "b": 2})).kind == "completed"
+        assert (await h.run("add", {"a": 1, "b": 2})).verdict == "completed"
 
 
 async def test_handler_module_that_fails_to_import_fails_the_start(tmp_path: Path) -> None:
     directory = handler_dir(tmp_path, {"good.py": SOURCE, "bad.py": "raise RuntimeError('nope')\n"})
     send, _receive = anyio.create_memory_object_stream[Outcome](10)
-    pool = WorkerPool("default", QueueConfig(concurrency=2, processes=2), [directory], send)
+    workers = QueueWorkers("default", QueueConfig(concurrency=2, processes=2), [directory], send)
     with anyio.fail_after(WAIT_S), pytest.raises(ConfigError) as caught:
-        await pool.run()
+        await workers.run()
     message = str(caught.value)
     assert str(directory / "bad.py") in message
     assert "RuntimeError: nope" in message
-    assert pool.held() == {} and pool.free_slots() == 0
+    assert workers.held() == {} and workers.free_slots() == 0
 
 
 async def test_concurrency_is_split_across_processes(tmp_path: Path) -> None:
-    async with running_pool(tmp_path, concurrency=4, processes=2) as h:
+    async with running_workers(tmp_path, concurrency=4, processes=2) as h:
         meet = tmp_path / "meet"
         meet.mkdir()
         jobs = [make_job("rendezvous", {"dir": str(meet), "i": i, "n": 4}) for i in range(4)]
         for job in jobs:
             await h.submit(job)
-        assert h.pool.free_slots() == 0
-        assert set(h.pool.held()) == {(job.id, job.fence) for job in jobs}
+        assert h.workers.free_slots() == 0
+        assert set(h.workers.held()) == {(job.id, job.fence) for job in jobs}
         outcomes = [await h.outcome() for _ in jobs]
-        assert {o.kind for o in outcomes} == {"completed"}
+        assert {o.verdict for o in outcomes} == {"completed"}
         pids = [msgspec.json.decode(o.result or b"0") for o in outcomes]
         assert sorted(pids.count(p) for p in set(pids)) == [2, 2]  # two jobs per process
-        assert h.pool.free_slots() == 4
+        assert h.workers.free_slots() == 4
 
 
 async def test_cancel_sets_ctx_cancelled(tmp_path: Path) -> None:
-    async with running_pool(tmp_path) as h:
+    async with running_workers(tmp_path) as h:
         await h.submit(job := make_job("wait_cancel"))
-        h.pool.cancel((job.id, job.fence))
-        h.pool.cancel((999_999_999, 1))  # not held: nothing happens
+        h.workers.cancel((job.id, job.fence))
+        h.workers.cancel((999_999_999, 1))  # not held: nothing happens
         outcome = await h.outcome()
-        assert (outcome.job, outcome.kind, outcome.result) == (job, "completed", b'"cancelled"')
+        assert (outcome.job, outcome.verdict, outcome.result) == (job, "completed", b'"cancelled"')
 
 
 async def test_stopping_lets_short_jobs_finish_and_leaves_the_rest_held(tmp_path: Path) -> None:
     send, receive = anyio.create_memory_object_stream[Outcome](10)
     config = QueueConfig(concurrency=2, processes=1)
-    pool = WorkerPool("default", config, [handler_dir(tmp_path)], send, grace_s=1.0)
+    workers = QueueWorkers("default", config, [handler_dir(tmp_path)], send, grace_s=1.0)
     stuck = make_job("wait_file", {"path": str(tmp_path / "never")})
     quick = make_job("add", {"a": 1, "b": 1})
     with anyio.fail_after(WAIT_S):
         async with anyio.create_task_group() as tg:
-            await tg.start(pool.run)
-            await pool.submit(stuck)
-            await pool.submit(quick)
+            await tg.start(workers.run)
+            await workers.submit(stuck)
+            await workers.submit(quick)
             tg.cancel_scope.cancel()
     # The quick job's outcome was delivered during the grace period; the stuck one was
     # killed with its process but is not reported: it is the caller's to give back.
-    assert (receive.receive_nowait().job, pool.held()) == (quick, {(stuck.id, stuck.fence): stuck})
+    held = {(stuck.id, stuck.fence): stuck}
+    assert (receive.receive_nowait().job, workers.held()) == (quick, held)
     with pytest.raises(anyio.WouldBlock):
         receive.receive_nowait()
 
@@ -287,17 +288,17 @@ async def test_stopping_lets_short_jobs_finish_and_leaves_the_rest_held(tmp_path
 async def test_a_job_that_crashed_a_worker_before_runs_without_new_neighbours(
     tmp_path: Path,
 ) -> None:
-    async with running_pool(tmp_path, concurrency=4, processes=2) as h:
+    async with running_workers(tmp_path, concurrency=4, processes=2) as h:
         gate = tmp_path / "gate"
         suspect = msgspec.structs.replace(make_job("wait_file", {"path": str(gate)}), crashes=1)
         await h.submit(suspect)
-        assert h.pool.free_slots() == 2  # its worker takes no one else meanwhile
+        assert h.workers.free_slots() == 2  # its worker takes no one else meanwhile
 
         others = [make_job("wait_file", {"path": str(gate)}) for _ in range(2)]
         for job in others:
             await h.submit(job)
-        assert h.pool.free_slots() == 0
+        assert h.workers.free_slots() == 0
         gate.write_text("go")
         outcomes = [await h.outcome() for _ in range(3)]
-        assert {o.kind for o in outcomes} == {"completed"}
-        assert h.pool.free_slots() == 4  # the worker is shared again once it is done
+        assert {o.verdict for o in outcomes} == {"completed"}
+        assert h.workers.free_slots() == 4  # the worker is shared again once it is done

@@ -44,7 +44,7 @@ async def test_orphaned_worker_finishes_its_job_then_exits_0(tmp_path: Path) -> 
         with anyio.fail_after(WAIT_S):
             done = await channel.receive()
             assert isinstance(done, Done)
-            assert (done.job_id, done.fence, done.kind) == (job.id, job.fence, "completed")
+            assert (done.job_id, done.fence, done.verdict) == (job.id, job.fence, "completed")
             assert await process.wait() == 0
 
 
@@ -90,12 +90,12 @@ async def test_sigterm_and_sigint_are_ignored(tmp_path: Path) -> None:
         flag.touch()
         with anyio.fail_after(WAIT_S):
             done = await channel.receive()
-            assert isinstance(done, Done) and done.kind == "completed"
+            assert isinstance(done, Done) and done.verdict == "completed"
         later = make_job("add", {"a": 1, "b": 2})  # still taking work
         await channel.send(Run(job=later, timeout_s=30))
         with anyio.fail_after(WAIT_S):
             done = await channel.receive()
-            assert isinstance(done, Done) and (done.job_id, done.kind) == (later.id, "completed")
+            assert isinstance(done, Done) and (done.job_id, done.verdict) == (later.id, "completed")
         await channel.send(Stop())
         with anyio.fail_after(WAIT_S):
             assert await process.wait() == 0
@@ -121,7 +121,7 @@ async def test_a_worker_imports_only_what_it_needs(tmp_path: Path) -> None:
         for line in result.stderr.decode().splitlines()
         if line.startswith("import time:") and line.count("|") == 2
     }
-    assert {"pgjobd.protocol", "pgjobd.handler", "pgjobd.handlers", "msgspec"} <= imported
+    assert {"pgjobd.protocol", "pgjobd.handler_api", "pgjobd.handler_loader", "msgspec"} <= imported
     loaded = sorted(
         name for name in imported
         if any(name == top or name.startswith(top + ".") for top in NOT_IN_A_WORKER)

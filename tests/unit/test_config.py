@@ -22,8 +22,8 @@ from pgjobd.config import (
 )
 from pgjobd.duration import format_duration
 from pgjobd.errors import ConfigError
-from pgjobd.handler import ArgsError, job, validate_args
-from pgjobd.handlers import Registry, check_cron
+from pgjobd.handler_api import ArgsError, job, validate_args
+from pgjobd.handler_loader import Registry, check_cron
 
 REPO = Path(__file__).resolve().parents[2]
 FILE = Path("/srv/app/pgjobd.toml")  # for loads(): named in errors, never read

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import pytest
 
 from pgjobd import log
-from pgjobd.handler import JobContext
+from pgjobd.handler_api import JobContext
 
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
 

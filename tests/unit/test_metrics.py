@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from pgjobd import health, metrics
-from pgjobd.model import ClaimedJob, Outcome, OutcomeKind
+from pgjobd.model import ClaimedJob, Outcome, Verdict
 
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
 
@@ -28,8 +28,8 @@ def job(queue: str, kind: str = "k", attempt: int = 1) -> ClaimedJob:
     )  # fmt: skip
 
 
-def outcome(queue: str, kind: OutcomeKind, duration_s: float = 0.1) -> Outcome:
-    return Outcome(job(queue), kind, duration_s=duration_s)
+def outcome(queue: str, verdict: Verdict, duration_s: float = 0.1) -> Outcome:
+    return Outcome(job(queue), verdict, duration_s=duration_s)
 
 
 def test_recorded_outcomes_move_the_counters_by_kind_and_reason() -> None:

@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 import pgjobd
-from pgjobd import admin, client, errors, handler  # submodules: past the lazy names
+from pgjobd import admin, client, errors, handler_api  # submodules: past the lazy names
 from pgjobd.errors import TRANSIENT
 
 
@@ -26,7 +26,7 @@ def test_the_handler_api_does_not_load_the_client() -> None:
     loaded = _modules_after(
         "import pgjobd\nfrom pgjobd import Discard, JobContext, Retry, Snooze, job"
     )
-    assert "pgjobd.handler" in loaded
+    assert "pgjobd.handler_api" in loaded
     assert not {"pgjobd.client", "asyncpg", "anyio"} & loaded
 
 
@@ -38,8 +38,8 @@ def test_the_client_loads_on_first_use() -> None:
 def test_every_exported_name_resolves() -> None:
     homes = {"Client": client, "SyncClient": client, "JobSpec": client, "JobInfo": client,
              "DuplicateJob": errors, "EnqueueError": errors, "PgjobdError": errors,
-             "job": handler, "JobContext": handler, "Retry": handler, "Snooze": handler,
-             "Discard": handler}  # fmt: skip
+             "job": handler_api, "JobContext": handler_api, "Retry": handler_api,
+             "Snooze": handler_api, "Discard": handler_api}  # fmt: skip
     assert set(pgjobd.__all__) == {*homes, "__version__"}
     for name, module in homes.items():
         assert getattr(pgjobd, name) is getattr(module, name)

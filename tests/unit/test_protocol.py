@@ -64,7 +64,7 @@ kind_infos = st.builds(
     KindInfo, kind=text, queue=st.none() | text, priority=st.none() | int32,
     max_attempts=st.none() | int32, timeout_s=st.none() | floats,
 )  # fmt: skip
-outcome_kinds = st.sampled_from(
+verdicts = st.sampled_from(
     ["completed", "failed", "retry", "snoozed", "discarded", "invalid_args",
      "unknown_kind", "crashed", "given_back"]
 )  # fmt: skip
@@ -81,7 +81,7 @@ to_parent: st.SearchStrategy[Message] = st.one_of(
         Done,
         job_id=int64,
         fence=int64,
-        kind=outcome_kinds,
+        verdict=verdicts,
         duration_s=floats,
         result=st.none() | st.binary(max_size=200),
         error_class=st.none() | text,
@@ -192,10 +192,10 @@ def test_frame_length_accepts_max_frame_and_refuses_one_byte_more() -> None:
 
 def _done_of_body_size(size: int) -> Done:
     """A Done whose msgpack body is exactly `size` bytes."""
-    probe = Done(job_id=1, fence=1, kind="completed", duration_s=0.0, result=b"")
+    probe = Done(job_id=1, fence=1, verdict="completed", duration_s=0.0, result=b"")
     overhead = len(msgspec.msgpack.encode(probe))
     # bin 32 carries a 4-byte length instead of bin 8's one byte: 3 more.
-    message = Done(job_id=1, fence=1, kind="completed", duration_s=0.0,
+    message = Done(job_id=1, fence=1, verdict="completed", duration_s=0.0,
                    result=b"x" * (size - overhead - 3))  # fmt: skip
     assert len(msgspec.msgpack.encode(message)) == size
     return message
@@ -273,7 +273,7 @@ UNDECODABLE_BODIES = [
     msgspec.msgpack.encode({"t": "boot_failed"}),  # a required field missing
     msgspec.msgpack.encode({"t": "boot_failed", "message": 7}),  # a field of the wrong type
     msgspec.msgpack.encode({"t": "done", "job_id": 1, "fence": 1, "kind": "exploded",
-                            "duration_s": 0.0}),  # an outcome kind that does not exist
+                            "duration_s": 0.0}),  # a verdict that does not exist
     msgspec.msgpack.encode([1, 2, 3]),
     encode_frame(Stop())[HEADER.size :] + b"\x00",  # trailing bytes after the message
 ]  # fmt: skip
@@ -436,3 +436,13 @@ async def test_child_send_to_a_closed_pipe_calls_on_broken() -> None:
     finally:
         child.close()
         os.close(to_child_w)
+
+
+def test_a_done_keeps_its_wire_name_across_the_verdict_rename() -> None:
+    """A worker of the release before the rename (or after it) still understands the
+    other side: the verdict travels under its old key, "kind"."""
+    body = msgspec.msgpack.encode(Done(job_id=1, fence=2, verdict="failed", duration_s=0.5))
+    assert msgspec.msgpack.decode(body)["kind"] == "failed"
+    old = {"t": "done", "job_id": 1, "fence": 2, "kind": "snoozed", "duration_s": 0.0}
+    decoded = Decoder(ToParent).decode(msgspec.msgpack.encode(old))
+    assert isinstance(decoded, Done) and decoded.verdict == "snoozed"

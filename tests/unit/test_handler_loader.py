@@ -9,12 +9,12 @@ import msgspec
 import pytest
 
 from pgjobd.errors import ConfigError
-from pgjobd.handler import job
-from pgjobd.handlers import PACKAGE_ROOT, Registry, load_directories
+from pgjobd.handler_api import job
+from pgjobd.handler_loader import PACKAGE_ROOT, Registry, load_directories
 
 REPO = Path(__file__).resolve().parents[2]
 
-HEADER = "from pgjobd.handler import job, JobContext\n"
+HEADER = "from pgjobd.handler_api import job, JobContext\n"
 
 
 def plugin_dir(root: Path, name: str, files: dict[str, str]) -> Path:
@@ -39,7 +39,7 @@ def test_loads_every_module_in_sorted_order(tmp_path: Path) -> None:
         {
             "b.py": HEADER + "ORDER = []\n@job\ndef beta(args): ...\n",
             "a.py": """
-            from pgjobd.handler import job, JobContext
+            from pgjobd.handler_api import job, JobContext
 
             @job(queue="email")
             async def alpha(args: dict, ctx: JobContext) -> None: ...
@@ -69,7 +69,7 @@ def test_private_helpers_are_imported_relatively_not_loaded_alone(tmp_path: Path
             "_common.py": "LOADS = []\nLOADS.append(1)\ndef greet(name): return 'hi ' + name\n",
             "_unused.py": "raise RuntimeError('never imported')\n",
             "greet.py": """
-            from pgjobd.handler import job
+            from pgjobd.handler_api import job
             from ._common import greet as render, LOADS
             from . import _common
             LOADS.append(2)
@@ -216,7 +216,7 @@ def test_handler_modules_may_use_future_annotations_and_dataclasses(tmp_path: Pa
             "typed.py": """
             from __future__ import annotations
             from dataclasses import dataclass
-            from pgjobd.handler import job, JobContext
+            from pgjobd.handler_api import job, JobContext
 
             @dataclass
             class Args:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from pgjobd.errors import ConfigError
-from pgjobd.handler import ArgsError, HandlerSpec, handler_spec, validate_args
+from pgjobd.handler_api import ArgsError, HandlerSpec, handler_spec, validate_args
 
 if TYPE_CHECKING:
     from pgjobd.config import Config

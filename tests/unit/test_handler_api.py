@@ -9,7 +9,7 @@ from typing import Any, TypedDict
 import msgspec
 import pytest
 
-from pgjobd.handler import (
+from pgjobd.handler_api import (
     ArgsError,
     Discard,
     HandlerSpec,
@@ -138,7 +138,7 @@ def test_string_annotations_are_resolved() -> None:
 def test_invalid_options_name_the_function(options: dict[str, Any], message: str) -> None:
     def handler(args: dict[str, Any]) -> None: ...
 
-    with pytest.raises(ValueError, match=r"^@job on \S*test_handler\.") as info:
+    with pytest.raises(ValueError, match=r"^@job on \S*test_handler_api\.") as info:
         job(**options)(handler)
     assert message in str(info.value)
     assert "handler" in str(info.value)
