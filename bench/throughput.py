@@ -60,6 +60,7 @@ from pgjobd.client import Client
 from pgjobd.migrate import migrate
 from pgjobd.queries import QUERY_FILES, Queries, for_schema
 from pgjobd.sql_text import named_blocks
+from pgjobd.statements.job import CompleteRow
 
 SCHEMA = "bench_throughput"
 DEFAULT_DSN = "postgresql://root@127.0.0.1:5432/test"
@@ -382,20 +383,18 @@ async def raw_lifecycle(h: Harness, client: Client, q: Queries, n: int, keep: bo
     """Two sessions, each looping job_claim (LIMIT 50) and job_complete_many: jobs/s."""
     await h.reset_and_enqueue(client, n)
     conns = [await asyncpg.connect(h.dsn) for _ in range(2)]
-    claim, complete = q["job_claim"], q["job_complete_many"]
 
     async def loop(conn: asyncpg.Connection) -> int:
         finished = 0
-        while rows := await conn.fetch(claim, "default", RAW_BATCH, "bench-raw", LEASE):
-            await conn.fetch(complete, [r["id"] for r in rows], [r["fence"] for r in rows],
-                             [None] * len(rows), [keep] * len(rows))  # fmt: skip
+        while rows := await q.job_claim(conn, "default", RAW_BATCH, "bench-raw", LEASE):
+            await q.job_complete_many(conn, [CompleteRow(r.id, r.fence, None, keep) for r in rows])
             finished += len(rows)
         return finished
 
     try:
         for conn in conns:  # prepare both statements outside the timing
-            await conn.fetch(claim, "no_such_queue", 1, "bench-raw", LEASE)
-            await conn.fetch(complete, [], [], [], [])
+            await q.job_claim(conn, "no_such_queue", 1, "bench-raw", LEASE)
+            await q.job_complete_many(conn, [])
         started = time.perf_counter()
         finished = sum(await asyncio.gather(*(loop(c) for c in conns)))
         seconds = time.perf_counter() - started

@@ -289,23 +289,19 @@ async def _audit(
     job_ids: Sequence[int] = (),
     detail: dict[str, Any] | None = None,
 ) -> int:
-    audit_id: int = await conn.fetchval(
-        q["admin_audit_insert"], user, action, target, list(job_ids),
-        _json.encode(detail or {}).decode(),
-    )  # fmt: skip
-    return audit_id
+    detail_json = _json.encode(detail or {}).decode()
+    return await q.admin_audit_insert(conn, user, action, target, list(job_ids), detail_json)
 
 
 async def _states(
     conn: asyncpg.Connection, q: Queries, ids: list[int]
 ) -> tuple[dict[int, str], dict[int, str]]:
     """Locks the live jobs among `ids`; (live states, final states). Unknown ids raise."""
-    live = {r["id"]: r["state"] for r in await conn.fetch(q["admin_jobs_lock_live"], ids)}
+    live = {r.id: r.state for r in await q.admin_jobs_lock_live(conn, ids)}
     rest = [i for i in ids if i not in live]
     final: dict[int, str] = {}
     if rest:
-        rows = await conn.fetch(q["admin_jobs_final_states"], rest)
-        final = {r["id"]: r["state"] for r in rows}
+        final = {r.id: r.state for r in await q.admin_jobs_final_states(conn, rest)}
     unknown = [i for i in rest if i not in final]
     if unknown:
         raise UnknownJobs(unknown)
@@ -322,21 +318,17 @@ async def status(db: Db, schema: str, *, liveness: timedelta = MEMBER_LIVENESS) 
         _connection(db) as conn,
         conn.transaction(isolation="repeatable_read", readonly=True),
     ):
-        leader_row = await conn.fetchrow(
-            q["admin_status_leader"], *unsigned(lock_key(LEADER, schema))
-        )
-        member_rows = await conn.fetch(q["admin_status_members"], liveness)
-        queue_rows = await conn.fetch(q["admin_status_queues"], liveness)
-    leader = (
-        LeaderStatus(member=leader_row["member"], term=leader_row["term"]) if leader_row else None
-    )
+        leader_row = await q.admin_status_leader(conn, *unsigned(lock_key(LEADER, schema)))
+        member_rows = await q.admin_status_members(conn, liveness)
+        queue_rows = await q.admin_status_queues(conn, liveness)
+    leader = LeaderStatus(member=leader_row.member, term=leader_row.term) if leader_row else None
     members = [
         msgspec.convert(
-            {**dict(r), "leader": leader is not None and leader.member == r["id"]}, MemberStatus
+            {**r._asdict(), "leader": leader is not None and leader.member == r.id}, MemberStatus
         )
         for r in member_rows
     ]
-    queues = {r["queue"]: msgspec.convert(dict(r), QueueStatus) for r in queue_rows}
+    queues = {r.queue: msgspec.convert(r._asdict(), QueueStatus) for r in queue_rows}
     return Status(members=members, leader=leader, queues=queues)
 
 
@@ -365,11 +357,10 @@ async def list_jobs(
     final = states is None or any(s in FINAL_STATES for s in states)
     q = for_schema(schema)
     async with _connection(db) as conn:
-        rows = await conn.fetch(
-            q["admin_jobs_list"], list(states) if states is not None else None, queue, kind,
-            limit, live, final,
-        )  # fmt: skip
-    return [msgspec.convert(dict(r), JobSummary) for r in rows]
+        rows = await q.admin_jobs_list(
+            conn, list(states) if states is not None else None, queue, kind, limit, live, final
+        )
+    return [msgspec.convert(r._asdict(), JobSummary) for r in rows]
 
 
 async def cancel_jobs(
@@ -385,9 +376,8 @@ async def cancel_jobs(
         live, final = await _states(conn, q, wanted)
         pending = [i for i, s in live.items() if s != "running"]
         running = [i for i, s in live.items() if s == "running"]
-        done = await conn.fetchrow(q["admin_jobs_cancel"], pending, running)
-        assert done is not None
-        cancelled, flagged = set(done["cancelled"]), set(done["flagged"])
+        done = await q.admin_jobs_cancel(conn, pending, running)
+        cancelled, flagged = set(done.cancelled), set(done.flagged)
         outcomes = []
         for i in wanted:
             outcome: CancelOutcome = "already_final"
@@ -419,16 +409,13 @@ async def retry_jobs(
         waiting = [i for i, s in live.items() if s in ("scheduled", "retryable")]
         made: set[int] = set()
         if waiting:
-            row = await conn.fetchrow(q["admin_jobs_make_available"], waiting)
-            assert row is not None
-            made = set(row["ids"])
+            made = set((await q.admin_jobs_make_available(conn, waiting)).ids)
         revived: set[int] = set()
         if final:
-            row = await conn.fetchrow(q["admin_jobs_revive"], list(final))
-            assert row is not None
-            if row["blocked"]:
-                raise RetryBlocked(row["blocked"])
-            revived = set(row["ids"])
+            revive = await q.admin_jobs_revive(conn, list(final))
+            if revive.blocked:
+                raise RetryBlocked(revive.blocked)
+            revived = set(revive.ids)
         outcomes = []
         for i in wanted:
             outcome: RetryOutcome
@@ -462,12 +449,11 @@ async def set_paused(
     action = "queues.pause" if paused else "queues.resume"
     q = for_schema(schema)
     async with _connection(db) as conn, conn.transaction():
-        row = await conn.fetchrow(q["admin_queue_set_paused"], queue, paused, user)
-        assert row is not None
-        changed = row["was_paused"] != row["paused"]
+        row = await q.admin_queue_set_paused(conn, queue, paused, user)
+        changed = row.was_paused != row.paused
         audit_id = await _audit(conn, q, user, action, target=queue, detail={"changed": changed})
     return QueueAction(
-        action=action, queue=queue, paused=row["paused"], changed=changed, audit_id=audit_id
+        action=action, queue=queue, paused=row.paused, changed=changed, audit_id=audit_id
     )
 
 
@@ -489,8 +475,8 @@ async def list_dead(
     q = for_schema(schema)
     async with _connection(db) as conn:
         start = await _since(conn, since)
-        rows = await conn.fetch(q["admin_dlq_list"], kind, queue, start, limit)
-    return [_with_args(dict(r), DeadJob) for r in rows]
+        rows = await q.admin_dlq_list(conn, kind, queue, start, limit)
+    return [_with_args(r._asdict(), DeadJob) for r in rows]
 
 
 async def redrive(
@@ -507,13 +493,12 @@ async def redrive(
     q = for_schema(schema)
     async with _connection(db) as conn, conn.transaction():
         start = await _since(conn, since)
-        dead = [r["id"] for r in await conn.fetch(q["admin_dlq_ids"], kind, queue, start)]
+        dead = await q.admin_dlq_ids(conn, kind, queue, start)
         ids: list[int] = []
         blocked: list[int] = []
         if dead:
-            row = await conn.fetchrow(q["admin_jobs_revive"], dead)
-            assert row is not None
-            ids, blocked = list(row["ids"]), list(row["blocked"])
+            revive = await q.admin_jobs_revive(conn, dead)
+            ids, blocked = revive.ids, revive.blocked
         filters = {"kind": kind, "queue": queue, "since": start.isoformat() if start else None}
         audit_id = await _audit(
             conn, q, user, "dlq.redrive", target=queue, job_ids=ids,
@@ -537,20 +522,20 @@ async def list_cron(db: Db, schema: str) -> list[CronListed]:
     when it never fires again)."""
     q = for_schema(schema)
     async with _connection(db) as conn:
-        rows = await conn.fetch(q["admin_cron_list"])
+        rows = await q.admin_cron_list(conn)
     entries = []
     for r in rows:
-        if r["name"] is None:
+        if r.name is None:
             continue
         next_run: datetime | None = None
         error: str | None = None
         try:
-            zone = cron_schedule.check(r["schedule"], r["timezone"])
-            if r["enabled"]:
-                next_run = cron_schedule.next_slot(r["schedule"], zone, r["now"])
+            zone = cron_schedule.check(r.schedule, r.timezone)
+            if r.enabled:
+                next_run = cron_schedule.next_slot(r.schedule, zone, r.now)
         except cron_schedule.ScheduleError as e:
             error = str(e)
-        record = {**dict(r), "next_run": next_run, "error": error}
+        record = {**r._asdict(), "next_run": next_run, "error": error}
         entries.append(_with_args(record, CronListed))
     return entries
 

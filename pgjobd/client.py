@@ -10,10 +10,10 @@ defaults (``job_defaults``), which measured faster (bench/enqueue.py).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, Literal, NamedTuple, Self
+from typing import Any, Literal, NamedTuple, Self, TypeVar
 
 import anyio.from_thread
 import asyncpg
@@ -27,6 +27,7 @@ from pgjobd.handler_api import ArgsError, DurationLike, validate_args
 from pgjobd.handler_loader import Registry
 from pgjobd.names import kind_name_problem, queue_name_problem, schema_name_problem
 from pgjobd.queries import Queries, for_schema
+from pgjobd.statements.job import EnqueueRow
 
 # The limits of what a job may hold, as the SQL functions and the job table check them
 # (migrations 0002 and 0005): what every member, role and admin command can read back.
@@ -39,6 +40,7 @@ EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
 RUN_AT_BEFORE = datetime(9999, 1, 1, tzinfo=UTC)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 OnConflict = Literal["return", "raise"]
+T = TypeVar("T")
 # The session's staging table of the COPY path (job_stage_create).
 _STAGE = "pgjobd_enqueue_stage"
 _STAGE_COLUMNS = (
@@ -203,12 +205,13 @@ class Client:
         job = self._check(spec, position=None)
         _check_on_conflict(on_conflict)
         await self.check_schema()
-        params = (
-            job.kind, job.args_json, job.queue, job.priority, job.run_at, job.tenant,
-            job.unique_key, job.max_attempts, job.delay, on_conflict,
+        return await self._run(
+            conn,
+            lambda c: self._q.job_enqueue(
+                c, job.kind, job.args_json, job.queue, job.priority, job.run_at, job.tenant,
+                job.unique_key, job.max_attempts, job.delay, on_conflict,
+            ),
         )  # fmt: skip
-        job_id: int = await self._run(conn, "fetchval", self._q["job_enqueue"], params)
-        return job_id
 
     async def enqueue_many(
         self,
@@ -269,15 +272,15 @@ class Client:
             return None  # no job has an id beyond a bigint
         await self.check_schema()
         async with self.pool.acquire() as conn:
-            row = await conn.fetchrow(self._q["job_get"], job_id)
+            row = await self._q.job_get(conn, job_id)
             if row is None:
                 return None
-            attempts = await conn.fetch(self._q["job_attempt_errors"], job_id)
-        record = dict(row)
+            attempts = await self._q.job_attempt_errors(conn, job_id)
+        record: dict[str, Any] = row._asdict()
         for column in ("args", "result"):
             if record[column] is not None:
                 record[column] = admin.read_json(record[column])
-        record["errors"] = [dict(a) for a in attempts]
+        record["errors"] = [a._asdict() for a in attempts]
         return msgspec.convert(record, JobInfo)
 
     async def cancel(self, job_id: int) -> str:
@@ -349,14 +352,12 @@ class Client:
     async def _insert_through_function(
         self, jobs: Sequence[_Checked], on_conflict: OnConflict, conn: asyncpg.Connection | None
     ) -> list[int]:
-        params = (
-            [j.kind for j in jobs], [j.args_json for j in jobs], [j.queue for j in jobs],
-            [j.priority for j in jobs], [j.run_at for j in jobs], [j.delay for j in jobs],
-            [j.tenant for j in jobs], [j.unique_key for j in jobs],
-            [j.max_attempts for j in jobs], on_conflict,
-        )  # fmt: skip
-        rows = await self._run(conn, "fetch", self._q["job_enqueue_many"], params)
-        return [row["id"] for row in rows]
+        rows = [
+            EnqueueRow(j.kind, j.args_json, j.queue, j.priority, j.run_at, j.delay, j.tenant,
+                       j.unique_key, j.max_attempts)
+            for j in jobs
+        ]  # fmt: skip
+        return await self._run(conn, lambda c: self._q.job_enqueue_many(c, rows, on_conflict))
 
     async def _copy(self, jobs: Sequence[_Checked], conn: asyncpg.Connection | None) -> list[int]:
         if conn is not None:
@@ -370,7 +371,7 @@ class Client:
     ) -> list[int]:
         """COPY the jobs into the session's staging table, then insert them from there
         with the SQL functions' own defaults (job_defaults)."""
-        await conn.execute(self._q["job_stage_create"])
+        await self._q.job_stage_create(conn)
         records = [
             (ord_, j.kind, j.args_json, j.queue, j.priority, j.run_at, j.delay, j.tenant,
              j.max_attempts)
@@ -380,19 +381,19 @@ class Client:
             _STAGE, schema_name="pg_temp", columns=_STAGE_COLUMNS, records=records
         )
         try:
-            rows = await conn.fetch(self._q["job_enqueue_staged"])
+            return await self._q.job_enqueue_staged(conn)
         except asyncpg.CheckViolationError as e:
             raise EnqueueError(f"the database rejected a job: {e}") from None
-        return [row["id"] for row in rows]
 
     async def _run(
-        self, conn: asyncpg.Connection | None, method: str, sql: str, params: Sequence[Any]
-    ) -> Any:
+        self, conn: asyncpg.Connection | None, run: Callable[[asyncpg.Connection], Awaitable[T]]
+    ) -> T:
+        """`run` on `conn`, or on a connection of the pool; SQL errors as EnqueueErrors."""
         try:
             if conn is not None:
-                return await getattr(conn, method)(sql, *params)
+                return await run(conn)
             async with self.pool.acquire() as own:
-                return await getattr(own, method)(sql, *params)
+                return await run(own)
         except asyncpg.PostgresError as e:
             raise _translated(e) from None
 

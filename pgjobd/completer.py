@@ -36,6 +36,7 @@ from pgjobd.migrate import PARTITION_DAYS_AHEAD
 from pgjobd.model import Outcome
 from pgjobd.outcome import MAX_MESSAGE_CHARS, storable, storable_text
 from pgjobd.queries import Queries
+from pgjobd.statements.job import CompleteRow, FailRow
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +236,7 @@ class Completer:
             # Today's history partition is missing (rotator behind): make it, go on.
             log.warning("creating missing history partitions: %s", e)
             async with db.acquire(self.pool) as conn:
-                await conn.execute(self.q["partitions_ensure"], PARTITION_DAYS_AHEAD)
+                await self.q.partitions_ensure(conn, PARTITION_DAYS_AHEAD)
             await write(group)
 
     async def _record_unstorable(self, outcome: Outcome, error: BaseException) -> None:
@@ -269,30 +270,31 @@ class Completer:
             )  # fmt: skip
 
     async def _complete(self, completed: list[Outcome]) -> None:
-        async with db.acquire(self.pool) as conn:
-            rows = await conn.fetch(
-                self.q["job_complete_many"],
-                [o.job.id for o in completed],
-                [o.job.fence for o in completed],
-                [o.result.decode() if o.result is not None else None for o in completed],
-                [self._queue(o).history == "all" for o in completed],
+        rows = [
+            CompleteRow(
+                o.job.id,
+                o.job.fence,
+                o.result.decode() if o.result is not None else None,
+                self._queue(o).history == "all",
             )
-        self._count(completed, rows)
+            for o in completed
+        ]
+        async with db.acquire(self.pool) as conn:
+            finished = await self.q.job_complete_many(conn, rows)
+        self._count(completed, {(key.id, key.fence): None for key in finished})
 
     async def _fail(self, others: list[Outcome]) -> None:
-        columns = list(zip(*(self._failure_row(o) for o in others), strict=True))
+        rows = [self._failure_row(o) for o in others]
         async with db.acquire(self.pool) as conn:
-            rows = await conn.fetch(self.q["job_fail_many"], *columns, self.member_id)
-        self._count(others, rows)
+            recorded = await self.q.job_fail_many(conn, rows, self.member_id)
+        self._count(others, {(r.id, r.fence): r.reason for r in recorded})
 
     def _queue(self, outcome: Outcome) -> QueueConfig:
         return self.queues.get(outcome.job.queue) or self.queues["default"]
 
-    def _count(self, batch: list[Outcome], rows: list[asyncpg.Record]) -> None:
-        # job_fail_many says why a job ended (dead: the reason; or cancelled), else NULL.
-        reasons: dict[tuple[int, int], str | None] = {
-            (row["id"], row["fence"]): row.get("reason") for row in rows
-        }
+    def _count(self, batch: list[Outcome], reasons: dict[tuple[int, int], str | None]) -> None:
+        """Count and log the outcomes recorded: `reasons` has each attempt recorded, with
+        why its job ended (dead: the reason; or cancelled), else None."""
         self.recorded += len(reasons)
         recorded = [(o, reasons[_key(o)]) for o in batch if _key(o) in reasons]
         metrics.record_outcomes(recorded)
@@ -349,10 +351,9 @@ class Completer:
                     extra=fields,
                 )  # fmt: skip
 
-    def _failure_row(self, outcome: Outcome) -> tuple[Any, ...]:
-        """(id, fence, outcome, max_crashes, delay, error class, message, traceback,
-        duration, keep history) for job_fail_many. Whether the job ends is decided
-        there (job_end_reason, the reaper's rule too); the delay applies if it does not."""
+    def _failure_row(self, outcome: Outcome) -> FailRow:
+        """The row for job_fail_many. Whether the job ends is decided there
+        (job_end_reason, the reaper's rule too); the delay applies if it does not."""
         job = outcome.job
         queue = self._queue(outcome)
         if outcome.verdict in ("retry", "snoozed") and outcome.after_s is not None:
@@ -363,7 +364,7 @@ class Completer:
             delay_s = backoff.retry_delay_s(
                 job.attempt, queue.backoff_base.total_seconds(), queue.backoff_max.total_seconds()
             )
-        return (
+        return FailRow(
             job.id, job.fence, outcome.verdict, queue.max_crashes, timedelta(seconds=delay_s),
             outcome.error_class, outcome.error_message, outcome.traceback, outcome.duration_s,
             queue.history != "none",

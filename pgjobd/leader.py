@@ -101,12 +101,12 @@ class Elector:
         # A leader that shuts down gracefully says so: take over at once, not next try.
         await conn.add_listener(f"{self.config.database.schema}.leader", on_resign)
         while True:  # a candidate: try, and keep the session warm meanwhile
-            if await conn.fetchval(self.q["leader_try_lock"], *self.key):
+            if await self.q.leader_try_lock(conn, *self.key):
                 break
             with anyio.move_on_after(backoff.jittered(ELECT_INTERVAL_S)):
                 await resigned.wait()
             resigned = anyio.Event()
-        self.term = await conn.fetchval(self.q["leader_term_begin"], self.member_id)
+        self.term = await self.q.leader_term_begin(conn, self.member_id)
         log.info(
             "leader for term %d", self.term,
             extra={"event": "leader.gained", "term": self.term, "member": self.member_id},
@@ -117,9 +117,7 @@ class Elector:
             while True:
                 await anyio.sleep(PING_INTERVAL_S)
                 with anyio.fail_after(PING_TIMEOUT_S):
-                    holds = await conn.fetchval(
-                        self.q["leader_still_holds"], *unsigned(self.key), self.term
-                    )
+                    holds = await self.q.leader_still_holds(conn, *unsigned(self.key), self.term)
                 if not holds:
                     raise asyncpg.InterfaceError(
                         "the advisory lock is no longer held, or the term was ended"
@@ -145,6 +143,6 @@ class Elector:
                     )  # fmt: skip
                 with anyio.move_on_after(2):
                     try:
-                        await conn.fetchval(self.q["leader_resign"], self.term, *self.key)
+                        await self.q.leader_resign(conn, self.term, *self.key)
                     except (*TRANSIENT, asyncpg.PostgresError):
                         pass  # the session is gone, and the lock with it

@@ -144,24 +144,13 @@ class Producer:
     async def claim(self, limit: int) -> list[ClaimedJob]:
         started = time.perf_counter()
         async with db.acquire(self.pool) as conn:
-            rows = await conn.fetch(
-                self.q["job_claim"], self.queue, limit, self.member_id, self.lease
-            )
+            rows = await self.q.job_claim(conn, self.queue, limit, self.member_id, self.lease)
         seconds = time.perf_counter() - started
         self.claim_seconds.append(seconds)
         if len(self.claim_seconds) > 1000:
             del self.claim_seconds[:500]
         self.claimed += len(rows)
         metrics.record_claim(
-            self.queue, seconds, [row["kind"] for row in rows], [row["waited_s"] for row in rows]
+            self.queue, seconds, [row.kind for row in rows], [row.waited_s for row in rows]
         )
-        return [_claimed(row) for row in rows]
-
-
-def _claimed(row: asyncpg.Record) -> ClaimedJob:
-    return ClaimedJob(
-        id=row["id"], fence=row["fence"], kind=row["kind"], queue=row["queue"],
-        attempt=row["attempt"], max_attempts=row["max_attempts"], crashes=row["crashes"],
-        priority=row["priority"], tenant=row["tenant"], enqueued_at=row["enqueued_at"],
-        scheduled_at=row["scheduled_at"], args=row["args"].encode(),
-    )  # fmt: skip
+        return [row.claimed_job() for row in rows]

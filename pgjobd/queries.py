@@ -1,16 +1,30 @@
-"""Named queries from ``pgjobd/sql/*.sql``, rendered for one schema."""
+"""Named statements from ``pgjobd/sql/*.sql``, rendered for one schema, each run by
+its typed method (see pgjobd.statements): ``await q.job_get(conn, job_id)``."""
 
 from __future__ import annotations
 
 from functools import cache
 
 from pgjobd import sql_text
+from pgjobd.statements.admin import AdminStatements
+from pgjobd.statements.cron import CronStatements
+from pgjobd.statements.job import JobStatements
+from pgjobd.statements.leader import LeaderStatements
+from pgjobd.statements.maintenance import MaintenanceStatements
+from pgjobd.statements.member import MemberStatements
 
 QUERY_FILES = ("job.sql", "member.sql", "leader.sql", "cron.sql", "maintenance.sql", "admin.sql")
 
 
-class Queries:
-    """The package's named queries with the schema spliced in: ``q["job_get"]``."""
+class Queries(
+    JobStatements,
+    MemberStatements,
+    LeaderStatements,
+    CronStatements,
+    MaintenanceStatements,
+    AdminStatements,
+):
+    """The package's named statements with the schema spliced in."""
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
@@ -18,7 +32,8 @@ class Queries:
             name: sql_text.render(text, schema) for name, text in _all_blocks().items()
         }
 
-    def __getitem__(self, name: str) -> str:
+    def sql(self, name: str) -> str:
+        """The rendered text of statement `name` (for its method, and for EXPLAIN)."""
         try:
             return self._rendered[name]
         except KeyError:
@@ -34,6 +49,11 @@ def _all_blocks() -> dict[str, str]:
                 raise ValueError(f"query {name!r} is defined in two files")
             blocks[name] = text
     return blocks
+
+
+def all_blocks() -> dict[str, str]:
+    """Every named statement's text, schema token unrendered, by name."""
+    return dict(_all_blocks())
 
 
 @cache

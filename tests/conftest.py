@@ -88,7 +88,7 @@ async def leading(dsn: str, schema: str) -> AsyncIterator[RoleContext]:
     key = lock_key(LEADER, schema)
     assert await session.fetchval("SELECT pg_try_advisory_lock($1, $2)", *key)
     queries = for_schema(schema)
-    term = await session.fetchval(queries["leader_term_begin"], "test")
+    term = await queries.leader_term_begin(session, "test")
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
     try:
         yield RoleContext(

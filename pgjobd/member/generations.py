@@ -19,6 +19,7 @@ from pgjobd.member import HeldJobs, MemberContext, watched
 from pgjobd.model import KindInfo, Outcome
 from pgjobd.notifier import Notifier
 from pgjobd.producer import Producer
+from pgjobd.statements.member import KindDeclared
 from pgjobd.supervisor import QueueWorkers
 
 
@@ -143,17 +144,14 @@ class Generations:
         for info in generation.kinds:
             queue = info.queue or DEFAULT_QUEUE
             queue_config: QueueConfig = queues.get(queue, queues[DEFAULT_QUEUE])
-            rows.append((
+            rows.append(KindDeclared(
                 info.kind, queue, info.priority or 0,
                 info.max_attempts or queue_config.max_attempts,
                 info.timeout_s or queue_config.timeout.total_seconds(),
             ))  # fmt: skip
         if rows:
-            columns = [list(c) for c in zip(*rows, strict=True)]
             async with db.acquire(self.ctx.pool) as conn:
-                await conn.execute(
-                    self.ctx.queries["kind_declare_many"], *columns, self.ctx.member_id
-                )
+                await self.ctx.queries.kind_declare_many(conn, rows, self.ctx.member_id)
 
     async def _run_workers(
         self, generation: Generation, *, task_status: TaskStatus[list[KindInfo]]

@@ -12,6 +12,7 @@ import anyio
 from pgjobd import db
 from pgjobd.errors import TRANSIENT
 from pgjobd.member import MemberContext
+from pgjobd.statements.job import AttemptKey
 from pgjobd.supervisor import JobKey
 
 log = logging.getLogger(__name__)
@@ -32,9 +33,9 @@ class LeaseKeeper:
             return
         try:
             async with db.acquire(ctx.pool) as conn:
-                rows = await conn.fetch(
-                    ctx.queries["job_lease_renew"], ctx.member_id, [key[0] for key in held],
-                    [key[1] for key in held], ctx.config.current.daemon.lease,
+                rows = await ctx.queries.job_lease_renew(
+                    conn, ctx.member_id, [AttemptKey(*key) for key in held],
+                    ctx.config.current.daemon.lease,
                 )  # fmt: skip
         except TRANSIENT as e:
             log.warning("lease renewal failed: %s", e, extra={"event": "lease.renew_failed"})
@@ -43,9 +44,9 @@ class LeaseKeeper:
         # one locked row must not hold up the renewal of every other.
         found: set[JobKey] = set()
         for row in rows:
-            key = (row["id"], row["fence"])
+            key = (row.id, row.fence)
             found.add(key)
-            if row["cancel_requested"] and key in held:  # in case NOTIFY was missed
+            if row.cancel_requested and key in held:  # in case NOTIFY was missed
                 held[key][0].cancel(key)
         for key in held.keys() - found:
             queue_workers, job = held[key]

@@ -25,10 +25,10 @@ class Presence:
 
     async def join(self, ctx: MemberContext) -> None:
         async with db.acquire(ctx.pool) as conn:
-            await conn.execute(ctx.queries["partitions_ensure"], migrate.PARTITION_DAYS_AHEAD)
-            await conn.execute(
-                ctx.queries["member_join"], ctx.member_id, socket.gethostname(), os.getpid(),
-                __version__, list(ctx.config.current.queues),
+            await ctx.queries.partitions_ensure(conn, migrate.PARTITION_DAYS_AHEAD)
+            await ctx.queries.member_join(
+                conn, ctx.member_id, socket.gethostname(), os.getpid(), __version__,
+                list(ctx.config.current.queues),
             )  # fmt: skip
         ctx.vitals.db_ok_at = anyio.current_time()
 
@@ -36,7 +36,7 @@ class Presence:
         with anyio.move_on_after(5, shield=True):
             try:
                 async with db.acquire(ctx.pool) as conn:
-                    await conn.execute(ctx.queries["member_leave"], ctx.member_id)
+                    await ctx.queries.member_leave(conn, ctx.member_id)
             except TRANSIENT as e:
                 log.warning("could not remove the member row: %s", e)
 
@@ -45,10 +45,9 @@ class Presence:
             await anyio.sleep(backoff.jittered(HEARTBEAT_S, 0.1))
             try:
                 async with db.acquire(ctx.pool) as conn:
-                    alive = await conn.fetchval(
-                        ctx.queries["member_heartbeat"], ctx.member_id,
-                        list(ctx.config.current.queues),
-                    )  # fmt: skip
+                    alive = await ctx.queries.member_heartbeat(
+                        conn, ctx.member_id, list(ctx.config.current.queues)
+                    )
                 if not alive:
                     await self.join(ctx)
             except TRANSIENT as e:

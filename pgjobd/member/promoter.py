@@ -25,13 +25,13 @@ class Promoter:
         while True:
             try:
                 async with db.acquire(ctx.pool) as conn:
-                    row = await conn.fetchrow(ctx.queries["job_promote_due"], PROMOTE_BATCH)
+                    promoted = await ctx.queries.job_promote_due(conn, PROMOTE_BATCH)
             except TRANSIENT as e:
                 log.warning("promoting due jobs failed: %s", e)
                 await anyio.sleep(backoff.jittered(PROMOTE_MAX_SLEEP_S))
                 continue
-            if row["promoted"] >= PROMOTE_BATCH:
+            if promoted.promoted >= PROMOTE_BATCH:
                 continue
-            next_due_s = row["next_due_in_s"]
+            next_due_s = promoted.next_due_in_s
             sleep_s = PROMOTE_MAX_SLEEP_S if next_due_s is None else next_due_s
             await anyio.sleep(min(max(sleep_s, 0.005), PROMOTE_MAX_SLEEP_S))

@@ -51,13 +51,13 @@ async def fenced(conn: asyncpg.Connection, ctx: RoleContext) -> AsyncIterator[No
             f"SET LOCAL idle_in_transaction_session_timeout = '{FENCED_IDLE_TIMEOUT}'"
         )
         yield
-        if await conn.fetchval(ctx.queries["leader_term_holds"], ctx.term) is None:
+        if await ctx.queries.leader_term_holds(conn, ctx.term) is None:
             raise Deposed(ctx.term)
 
 
 async def term_open(conn: asyncpg.Connection, ctx: RoleContext) -> None:
     """For DDL that cannot run in a transaction: Deposed unless the term is open now."""
-    if not await conn.fetchval(ctx.queries["leader_term_open"], ctx.term):
+    if not await ctx.queries.leader_term_open(conn, ctx.term):
         raise Deposed(ctx.term)
 
 

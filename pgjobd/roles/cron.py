@@ -24,6 +24,7 @@ from pgjobd.config import Config
 from pgjobd.cron_schedule import CatchUp, Due, ScheduleError
 from pgjobd.queries import Queries
 from pgjobd.roles import RoleContext, fenced
+from pgjobd.statements.cron import CronDue, CronEntryRow
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ Now = datetime | Callable[[], datetime] | None
 class Firing:
     """One schedule's due slots, and its row as read (the compare-and-set's old value)."""
 
-    row: asyncpg.Record
+    row: CronDue
     due: Due
 
 
@@ -74,26 +75,24 @@ class CronTicker:
         synced = (ctx.term, ctx.config.cron)
         if synced != self._synced and await self._sync(conn, ctx, now_param):
             self._synced = synced
-        rows = await conn.fetch(ctx.queries["cron_due"], now_param)
-        now: datetime = rows[0]["now"]
+        rows = await ctx.queries.cron_due(conn, now_param)
+        now = rows[0].now
         limits = {entry.name: entry.catch_up_limit for entry in ctx.config.cron}
         firings: list[Firing] = []
         next_due: datetime | None = None
         for row in rows:
-            if row["name"] is None:
+            if row.name is None:
                 continue
             limit = cron_schedule.DEFAULT_CATCH_UP_LIMIT
-            if row["source"] == "config":
-                limit = limits.get(row["name"], limit)
+            if row.source == "config":
+                limit = limits.get(row.name, limit)
             try:
-                zone = cron_schedule.check(row["schedule"], row["timezone"])
-                catch_up = cast(CatchUp, row["catch_up"])
-                due = cron_schedule.plan(
-                    row["schedule"], zone, row["anchor"], now, catch_up, limit=limit
-                )
-                upcoming = cron_schedule.next_slot(row["schedule"], zone, now)
+                zone = cron_schedule.check(row.schedule, row.timezone)
+                catch_up = cast(CatchUp, row.catch_up)
+                due = cron_schedule.plan(row.schedule, zone, row.anchor, now, catch_up, limit=limit)
+                upcoming = cron_schedule.next_slot(row.schedule, zone, now)
             except ScheduleError as error:
-                self._report_once(row, "schedule", f"cron schedule {row['name']} skipped: {error}")
+                self._report_once(row, "schedule", f"cron schedule {row.name} skipped: {error}")
                 continue
             if upcoming is not None and (next_due is None or upcoming < next_due):
                 next_due = upcoming
@@ -106,22 +105,21 @@ class CronTicker:
         """The second half: enqueue one schedule's due slots and advance its last_slot,
         if nobody did since it was read (compare-and-set). Whether it did."""
         row, due = firing.row, firing.due
-        name: str = row["name"]
-        assert due.last_slot is not None
+        name = row.name
+        assert name is not None and due.last_slot is not None
         try:
             async with fenced(conn, ctx):
-                fired = await conn.fetchrow(
-                    ctx.queries["cron_fire"], ctx.term, name, row["last_slot"],
-                    row["updated_at"], row["schedule"], row["timezone"], due.last_slot,
-                    due.slots, [cron_schedule.slot_key(name, slot) for slot in due.slots],
+                fired = await ctx.queries.cron_fire(
+                    conn, ctx.term, name, row.last_slot, row.updated_at, row.schedule,
+                    row.timezone, due.last_slot, due.slots,
+                    [cron_schedule.slot_key(name, slot) for slot in due.slots],
                 )  # fmt: skip
         except asyncpg.PostgresError as error:
             if not _is_rejected_job(error):
                 raise
             self._report_once(row, "enqueue", f"cron schedule {name} skipped: {error}")
             return False
-        assert fired is not None
-        if not fired["advanced"]:
+        if not fired.advanced:
             log.info(
                 "cron schedule %s: another tick or leader got there first, or not leader",
                 name, extra={"event": "cron.fire_skipped", "cron": name},
@@ -131,7 +129,7 @@ class CronTicker:
         log.info(
             "cron schedule %s: enqueued %d job(s)%s", name, len(due.slots), skipped,
             extra={"event": "cron.fired", "cron": name, "slots": len(due.slots),
-                   "job_ids": list(fired["job_ids"]), "last_slot": due.last_slot.isoformat(),
+                   "job_ids": fired.job_ids, "last_slot": due.last_slot.isoformat(),
                    "term": ctx.term},
         )  # fmt: skip
         return True
@@ -139,26 +137,29 @@ class CronTicker:
     async def _sync(self, conn: asyncpg.Connection, ctx: RoleContext, now: datetime | None) -> bool:
         entries = ctx.config.cron
         async with fenced(conn, ctx):
-            row = await conn.fetchrow(
-                ctx.queries["cron_sync"], ctx.term,
-                [e.name for e in entries], [e.schedule for e in entries],
-                [e.timezone for e in entries], [e.kind for e in entries],
-                [msgspec.json.encode(e.args).decode() for e in entries],
-                [e.queue for e in entries], [e.catch_up for e in entries], now,
+            synced = await ctx.queries.cron_sync(
+                conn, ctx.term,
+                [
+                    CronEntryRow(e.name, e.schedule, e.timezone, e.kind,
+                                 msgspec.json.encode(e.args).decode(), e.queue, e.catch_up)
+                    for e in entries
+                ],
+                now,
             )  # fmt: skip
-        assert row is not None
-        if not row["fence_holds"]:
+        if not synced.fence_holds:
             log.warning(
                 "not leader: cron schedules not synced", extra={"event": "cron.sync_fenced"}
             )
             return False
-        for change in ("added", "changed", "removed"):
-            for name in row[change]:
+        for change, names in (
+            ("added", synced.added), ("changed", synced.changed), ("removed", synced.removed)
+        ):  # fmt: skip
+            for name in names:
                 log.info(
                     "cron schedule %s %s from the config file", name, change,
                     extra={"event": f"cron.{change}", "cron": name},
                 )  # fmt: skip
-        for name in row["taken_over"]:
+        for name in synced.taken_over:
             log.warning(
                 "cron schedule %s was created through the API; the config file's entry of "
                 "that name replaces it", name,
@@ -166,13 +167,13 @@ class CronTicker:
             )  # fmt: skip
         return True
 
-    def _report_once(self, row: asyncpg.Record, what: str, message: str) -> None:
+    def _report_once(self, row: CronDue, what: str, message: str) -> None:
         """Log a bad row once per version of it (not every second)."""
-        key = (row["name"], row["updated_at"], what)
+        key = (row.name or "", row.updated_at, what)
         if key in self._reported:
             return
         self._reported.add(key)
-        log.error(message, extra={"event": "cron.bad_schedule", "cron": row["name"]})
+        log.error(message, extra={"event": "cron.bad_schedule", "cron": row.name})
 
 
 def _is_rejected_job(error: asyncpg.PostgresError) -> bool:
@@ -192,5 +193,4 @@ async def trigger(
     """Enqueue one job of schedule `name` now, outside its slots (`pgjobd cron trigger`);
     its id, or None when there is no such schedule. Works whether or not the schedule
     is enabled, and does not change when its slots fire."""
-    job_id: int | None = await conn.fetchval(queries["cron_trigger"], name, now)
-    return job_id
+    return await queries.cron_trigger(conn, name, now)

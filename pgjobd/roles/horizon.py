@@ -157,25 +157,25 @@ class HorizonWatchdog:
     async def read(self, pool: asyncpg.Pool, queries: Queries, config: Config) -> HorizonReading:
         table = f"{config.database.schema}.job"
         async with db.acquire(pool) as conn:
-            stats = await conn.fetchrow(queries["horizon_table_stats"], table)
-            rows = await conn.fetch(queries["horizon_holders"], 1)
-        holder = HorizonHolder(**dict(rows[0])) if rows else None
-        at: datetime = stats["at"]
+            stats = await queries.horizon_table_stats(conn, table)
+            rows = await queries.horizon_holders(conn, 1)
+        holder = HorizonHolder(*rows[0]) if rows else None
+        at = stats.at
         now_s = at.timestamp()
-        self._xid_clock.append((now_s, stats["next_xid"]))
+        self._xid_clock.append((now_s, stats.next_xid))
         held_s = 0.0
         if holder is not None:
-            lag_s = held_since_s(self._xid_clock, stats["next_xid"] - holder.xmin_age, now_s)
+            lag_s = held_since_s(self._xid_clock, stats.next_xid - holder.xmin_age, now_s)
             held_s = max(holder.xact_age_s or 0.0, lag_s)
-        live, dead = stats["live_rows"] or 0, stats["dead_rows"] or 0
+        live, dead = stats.live_rows or 0, stats.dead_rows or 0
         return HorizonReading(
-            at=at, holder=holder, held_s=held_s, next_xid=stats["next_xid"],
+            at=at, holder=holder, held_s=held_s, next_xid=stats.next_xid,
             live_rows=live, dead_rows=dead,
             dead_ratio=dead / (live + dead) if live + dead else 0.0,
-            last_vacuum=stats["last_vacuum"], last_autovacuum=stats["last_autovacuum"],
-            autovacuum_count=stats["autovacuum_count"] or 0,
-            vacuum_count=stats["vacuum_count"] or 0,
-            wraparound_age=stats["wraparound_age"], multixact_age=stats["multixact_age"],
+            last_vacuum=stats.last_vacuum, last_autovacuum=stats.last_autovacuum,
+            autovacuum_count=stats.autovacuum_count or 0,
+            vacuum_count=stats.vacuum_count or 0,
+            wraparound_age=stats.wraparound_age, multixact_age=stats.multixact_age,
         )  # fmt: skip
 
     def _judge(self, r: HorizonReading, table: str) -> None:

@@ -48,17 +48,17 @@ class PartitionRotator:
         schema = ctx.config.database.schema
         keep = ctx.config.retention.history
         async with db.acquire(ctx.pool) as conn:
-            await conn.execute(ctx.queries["partitions_ensure"], PARTITION_DAYS_AHEAD)
+            await ctx.queries.partitions_ensure(conn, PARTITION_DAYS_AHEAD)
             today: date = await conn.fetchval("SELECT (now() AT TIME ZONE 'UTC')::date")
             for parent in PARENTS:
-                rows = await conn.fetch(ctx.queries["partition_list"], f"{schema}.{parent}")
+                rows = await ctx.queries.partition_list(conn, f"{schema}.{parent}")
                 for row in rows:
-                    if row["detach_pending"]:  # an earlier detach was interrupted
-                        await self._detach(conn, ctx, parent, row["name"], "FINALIZE")
+                    if row.detach_pending:  # an earlier detach was interrupted
+                        await self._detach(conn, ctx, parent, row.name, "FINALIZE")
                 days = {
-                    day: row["name"]
+                    day: row.name
                     for row in rows
-                    if (day := partition_day(row["name"], parent)) is not None
+                    if (day := partition_day(row.name, parent)) is not None
                 }
                 for day in expired_days(sorted(days), today, keep):
                     await self._detach(conn, ctx, parent, days[day], "CONCURRENTLY")

@@ -20,13 +20,13 @@ class QueueStats:
 
     async def tick(self, ctx: RoleContext) -> None:
         async with db.acquire(ctx.pool) as conn:
-            rows = await conn.fetch(ctx.queries["queue_stats"], list(ctx.config.queues))
+            rows = await ctx.queries.queue_stats(conn, list(ctx.config.queues))
         metrics.set_queue_stats(
             metrics.QueueStat(
-                queue=row["queue"],
-                counts={state: row[state] for state in metrics.QUEUE_STATES},
-                oldest_available_age_s=row["oldest_available_age_s"],
-                paused=row["paused"],
+                queue=row.queue,
+                counts={state: getattr(row, state) for state in metrics.QUEUE_STATES},
+                oldest_available_age_s=row.oldest_available_age_s,
+                paused=row.paused,
             )
             for row in rows
         )

@@ -13,6 +13,7 @@ from typing import ClassVar
 from pgjobd import db, metrics
 from pgjobd.config import DEFAULT_QUEUE, Config
 from pgjobd.roles import RoleContext, fenced
+from pgjobd.statements.leader import QueueCrashes
 
 log = logging.getLogger(__name__)
 
@@ -40,27 +41,25 @@ class Reaper:
         async with db.acquire(ctx.pool) as conn:
             while True:
                 async with fenced(conn, ctx):
-                    row = await conn.fetchrow(
-                        ctx.queries["job_reap_expired"], ctx.term, lease, BATCH, list(queues),
-                        [q.max_crashes for q in queues.values()],
+                    reaped = await ctx.queries.job_reap_expired(
+                        conn, ctx.term, lease, BATCH,
+                        [QueueCrashes(name, q.max_crashes) for name, q in queues.items()],
                         queues[DEFAULT_QUEUE].max_crashes,
                     )  # fmt: skip
-                metrics.LEASES_EXPIRED.labels("rescued").inc(row["rescued"])
-                metrics.LEASES_EXPIRED.labels("dead").inc(row["died"])
-                if row["rescued"] or row["died"]:
+                metrics.LEASES_EXPIRED.labels("rescued").inc(reaped.rescued)
+                metrics.LEASES_EXPIRED.labels("dead").inc(reaped.died)
+                if reaped.rescued or reaped.died:
                     log.warning(
                         "took back %d jobs whose lease expired (%d dead)",
-                        row["rescued"] + row["died"], row["died"],
-                        extra={"event": "reaper.rescued", "rescued": row["rescued"],
-                               "died": row["died"], "term": ctx.term},
+                        reaped.rescued + reaped.died, reaped.died,
+                        extra={"event": "reaper.rescued", "rescued": reaped.rescued,
+                               "died": reaped.died, "term": ctx.term},
                     )  # fmt: skip
-                if row["rescued"] + row["died"] < BATCH:
+                if reaped.rescued + reaped.died < BATCH:
                     break
             async with fenced(conn, ctx):
-                gone = await conn.fetch(ctx.queries["member_forget_gone"], ctx.term, MEMBER_SILENCE)
-            self._next_expiry_s = await conn.fetchval(
-                ctx.queries["job_next_lease_expiry"], ctx.term, lease
-            )
+                gone = await ctx.queries.member_forget_gone(conn, ctx.term, MEMBER_SILENCE)
+            self._next_expiry_s = await ctx.queries.job_next_lease_expiry(conn, ctx.term, lease)
         if gone:
             log.info(
                 "forgot %d members silent for %s", len(gone), MEMBER_SILENCE,

@@ -133,15 +133,15 @@ class Reindexer:
         table = f"{ctx.config.database.schema}.job"
         async with db.acquire(ctx.pool) as conn:
             await self._check_fence(conn, ctx)
-            if await conn.fetchval(ctx.queries["index_build_in_progress"], table):
+            if await ctx.queries.index_build_in_progress(conn, table):
                 log.info(
                     "an index of %s is being built by another session; not touching it", table,
                     extra={"event": "reindexer.busy", "term": ctx.term},
                 )  # fmt: skip
                 return
             await self._drop_leftovers(conn, ctx, table)
-            for row in await conn.fetch(ctx.queries["index_size_list"], table, None):
-                index = IndexSize(**dict(row))
+            for row in await ctx.queries.index_size_list(conn, table, None):
+                index = IndexSize(*row)
                 reason = self._confirmed(index)
                 if reason is None or time.monotonic() < self.not_before.get(index.name, 0.0):
                     continue
@@ -200,7 +200,7 @@ class Reindexer:
             pid = conn.get_server_pid()
             with anyio.move_on_after(5, shield=True), contextlib.suppress(Exception):
                 async with db.acquire(ctx.pool) as other:
-                    await other.fetchval(ctx.queries["backend_stop"], pid)
+                    await ctx.queries.backend_stop(other, pid)
             # Ending the backend may already have closed the connection, and the pool
             # then took it back (the proxy refuses terminate): either way it is gone.
             with contextlib.suppress(asyncpg.InterfaceError):
@@ -212,8 +212,8 @@ class Reindexer:
         self.suspected.pop(index.name, None)
         self.not_before[index.name] = time.monotonic() + REBUILD_COOLDOWN_S
         # The build counted the entries it indexed (reltuples): judge on that count.
-        rows = await conn.fetch(ctx.queries["index_size_list"], table, index.name)
-        after = IndexSize(**dict(rows[0])) if rows else None
+        rows = await ctx.queries.index_size_list(conn, table, index.name)
+        after = IndexSize(*rows[0]) if rows else None
         log.info(
             "rebuilt index %s in %.1f s: %d -> %s bytes", index.qualified,
             time.monotonic() - started, index.bytes, after.bytes if after else "?",
@@ -230,14 +230,14 @@ class Reindexer:
             )  # fmt: skip
 
     async def _drop_leftovers(self, conn: asyncpg.Connection, ctx: RoleContext, table: str) -> None:
-        for row in await conn.fetch(ctx.queries["index_leftover_list"], table):
+        for row in await ctx.queries.index_leftover_list(conn, table):
             await self._check_fence(conn, ctx)
-            await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {row['qualified']}")
+            await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {row.qualified}")
             self.dropped += 1
             log.warning(
                 "dropped %s, left invalid by an interrupted REINDEX CONCURRENTLY",
-                row["qualified"],
-                extra={"event": "reindexer.leftover_dropped", "index": row["name"],
+                row.qualified,
+                extra={"event": "reindexer.leftover_dropped", "index": row.name,
                        "term": ctx.term},
             )  # fmt: skip
 

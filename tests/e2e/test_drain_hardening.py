@@ -18,6 +18,7 @@ import asyncpg
 import pytest
 
 from pgjobd.queries import for_schema
+from pgjobd.statements.job import AttemptKey
 
 from .conftest import MemberProcess, wait_until
 from .events import JSON_LOG, event_names, wait_for_event
@@ -270,21 +271,18 @@ async def test_lease_renewal_skips_a_row_another_transaction_holds(
     q = for_schema(schema)
     for _ in range(3):
         await enqueue(conn, schema, "quick")
-    claimed = await conn.fetch(q["job_claim"], "default", 3, "m1", timedelta(seconds=30))
-    (locked, free, gone) = sorted((row["id"], row["fence"]) for row in claimed)
+    claimed = await q.job_claim(conn, "default", 3, "m1", timedelta(seconds=30))
+    (locked, free, gone) = sorted(AttemptKey(row.id, row.fence) for row in claimed)
     await conn.execute(f"DELETE FROM {schema}.job WHERE id = $1", gone[0])  # reaped, say
     other = await asyncpg.connect(dsn)
     try:
         async with other.transaction():
             await other.execute(f"SELECT FROM {schema}.job WHERE id = $1 FOR UPDATE", locked[0])
             with anyio.fail_after(10):
-                rows = await conn.fetch(
-                    q["job_lease_renew"], "m1", [locked[0], free[0], gone[0]],
-                    [locked[1], free[1], gone[1]], timedelta(hours=1),
-                )  # fmt: skip
+                rows = await q.job_lease_renew(conn, "m1", [locked, free, gone], timedelta(hours=1))
     finally:
         await other.close()
-    returned = {(row["id"], row["fence"]): row["renewed"] for row in rows}
+    returned = {(row.id, row.fence): row.renewed for row in rows}
     assert returned == {locked: False, free: True}  # `gone` is the only one lost
     query = f"SELECT id, lease_expires_at - now() > '10 minutes' FROM {schema}.job"
     leases = {row[0]: row[1] for row in await conn.fetch(query)}

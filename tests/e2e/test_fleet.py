@@ -120,18 +120,18 @@ async def test_a_terminated_leader_session_stops_its_roles_and_its_writes_land_n
         "attempt = 1, lease_expires_at = now() - interval '1 minute' WHERE id = $1",
         job_id,
     )
-    reap = for_schema(schema)["job_reap_expired"]
+    q = for_schema(schema)
     no_wait = timedelta(0)  # as if each term had lasted its first lease
     async with conn.transaction():
         # Hold the row, so the live leader's reaper (SKIP LOCKED) leaves it to us.
         await conn.execute(f"SELECT FROM {schema}.job WHERE id = $1 FOR UPDATE", job_id)
-        deposed = await conn.fetchrow(reap, old["term"], no_wait, 10, [], [], 3)
-        assert (deposed["rescued"], deposed["died"]) == (0, 0)
+        deposed = await q.job_reap_expired(conn, old["term"], no_wait, 10, [], 3)
+        assert (deposed.rescued, deposed.died) == (0, 0)
         state = await conn.fetchval(f"SELECT state FROM {schema}.job WHERE id = $1", job_id)
         assert state == "running"
-    current = await conn.fetchrow(reap, new["term"], no_wait, 10, [], [], 3)
+    current = await q.job_reap_expired(conn, new["term"], no_wait, 10, [], 3)
     assert (
-        current["rescued"] == 1
+        current.rescued == 1
         or await conn.fetchval(f"SELECT state FROM {schema}.job WHERE id = $1", job_id)
         == "available"
     )  # the live leader's reaper may have got there first

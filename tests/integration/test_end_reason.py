@@ -9,6 +9,8 @@ import asyncpg
 import pytest
 
 from pgjobd.queries import for_schema
+from pgjobd.statements.job import FailRow
+from pgjobd.statements.leader import QueueCrashes
 
 pytestmark = pytest.mark.anyio
 
@@ -65,7 +67,7 @@ async def test_completer_and_reaper_end_a_crashed_job_alike(
     """The same job state, crashed in its worker or lost with its member's lease,
     ends (or not) the same way through job_fail_many and job_reap_expired."""
     q = for_schema(schema)
-    term = await conn.fetchval(q["leader_term_begin"], "test")
+    term = await q.leader_term_begin(conn, "test")
     ended = []
     for path in ("completer", "reaper"):
         job_id, fence = await conn.fetchrow(
@@ -75,15 +77,15 @@ async def test_completer_and_reaper_end_a_crashed_job_alike(
             crashes,
         )
         if path == "completer":
-            await conn.fetch(
-                q["job_fail_many"], [job_id], [fence], ["crashed"], [MAX_CRASHES],
-                [timedelta(0)], ["WorkerCrashed"], [None], [None], [0.1], [True], "m",
+            row = FailRow(
+                job_id, fence, "crashed", MAX_CRASHES, timedelta(0), "WorkerCrashed", None,
+                None, 0.1, True,
             )  # fmt: skip
+            await q.job_fail_many(conn, [row], "m")
         else:
-            await conn.fetchrow(
-                q["job_reap_expired"], term, timedelta(0), 10, ["default"], [MAX_CRASHES],
-                MAX_CRASHES,
-            )  # fmt: skip
+            await q.job_reap_expired(
+                conn, term, timedelta(0), 10, [QueueCrashes("default", MAX_CRASHES)], MAX_CRASHES
+            )
         ended.append(
             await conn.fetchval(f"SELECT reason FROM {schema}.job_history WHERE id = $1", job_id)
         )

@@ -172,11 +172,11 @@ async def _fleet_still_works(ctx: RoleContext, client: Client, schema: str) -> N
     """What members, roles and admin commands run over the job table, all of it."""
     q = ctx.queries
     async with ctx.pool.acquire() as conn:
-        await conn.fetchrow(q["job_promote_due"], 1000)
+        await q.job_promote_due(conn, 1000)
         queues = [r[0] for r in await conn.fetch(f"SELECT DISTINCT queue FROM {schema}.job")]
         for queue in queues:
             # A lease that is over at once: the reaper takes the jobs back below.
-            await conn.fetch(q["job_claim"], queue, 1000, "hostile", timedelta(microseconds=1))
+            await q.job_claim(conn, queue, 1000, "hostile", timedelta(microseconds=1))
     await Reaper().tick(ctx)
     await QueueStats().tick(ctx)
     await admin.status(ctx.pool, schema)

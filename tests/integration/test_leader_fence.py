@@ -52,8 +52,8 @@ class Leaders:
         session = await asyncpg.connect(self.dsn)
         self.sessions.append(session)
         key = lock_key(LEADER, self.schema)
-        await until(lambda: session.fetchval(self.q["leader_try_lock"], *key))
-        term: int = await session.fetchval(self.q["leader_term_begin"], "test")
+        await until(lambda: self.q.leader_try_lock(session, *key))
+        term = await self.q.leader_term_begin(session, "test")
         config = Config(
             database=DatabaseConfig(schema=self.schema),
             daemon=DaemonConfig(lease=Duration(seconds=lease.total_seconds())),
@@ -327,8 +327,8 @@ async def test_a_lost_connection_is_a_warning_with_the_retry_and_a_bug_an_error(
     config = Config(database=DatabaseConfig(schema=schema))
     q = for_schema(schema)
     session = await asyncpg.connect(dsn)
-    assert await session.fetchval(q["leader_try_lock"], *lock_key(LEADER, schema))
-    term = await session.fetchval(q["leader_term_begin"], "test")
+    assert await q.leader_try_lock(session, *lock_key(LEADER, schema))
+    term = await q.leader_term_begin(session, "test")
     with socket.socket() as s:  # a port where no database listens: as when it is down
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

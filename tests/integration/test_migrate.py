@@ -19,6 +19,7 @@ from pgjobd import Client, migrate
 from pgjobd.errors import SchemaError
 from pgjobd.lock_keys import LEADER, MIGRATE, lock_key
 from pgjobd.queries import for_schema
+from pgjobd.statements.job import CompleteRow
 
 pytestmark = pytest.mark.anyio
 
@@ -463,15 +464,13 @@ async def test_a_late_completion_of_an_old_job_lands_in_todays_partition(
     )
     await conn.execute(f"UPDATE {schema}.job SET enqueued_at = now() - interval '3 days', "
                        "state = 'available' WHERE id = $1", job_id)  # fmt: skip
-    [claimed] = await conn.fetch(q["job_claim"], "default", 1, "m-1", timedelta(hours=1))
+    [claimed] = await q.job_claim(conn, "default", 1, "m-1", timedelta(hours=1))
     await conn.execute(f"UPDATE {schema}.job SET attempted_at = now() - interval '2 days' "
                        "WHERE id = $1", job_id)  # fmt: skip
 
-    finished = await conn.fetch(
-        q["job_complete_many"], [job_id], [claimed["fence"]], [None], [True]
-    )
+    finished = await q.job_complete_many(conn, [CompleteRow(job_id, claimed.fence, None, True)])
 
-    assert [r["id"] for r in finished] == [job_id]
+    assert [r.id for r in finished] == [job_id]
     today: date = await conn.fetchval("SELECT (now() AT TIME ZONE 'UTC')::date")
     assert await _partition_of(conn, f"{schema}.job_history", f"id = {job_id}") == (
         f"job_history_p{today:%Y%m%d}"

@@ -50,9 +50,9 @@ class World:
             f"SELECT {self.schema}.enqueue('k', max_attempts => $1) FROM generate_series(1, $2)",
             max_attempts, count,
         )  # fmt: skip
-        rows = await self.conn.fetch(self.q["job_claim"], "default", count, MEMBER, LEASE)
+        rows = await self.q.job_claim(self.conn, "default", count, MEMBER, LEASE)
         assert len(rows) == count
-        return [_claimed(row) for row in rows]
+        return [row.claimed_job() for row in rows]
 
     async def state(self, job_id: int) -> str:
         live = await self.conn.fetchrow(
@@ -71,15 +71,6 @@ class World:
             f"SELECT * FROM {self.schema}.job_attempt WHERE job_id = $1", job_id
         )
         return rows
-
-
-def _claimed(row: asyncpg.Record) -> ClaimedJob:
-    return ClaimedJob(
-        id=row["id"], fence=row["fence"], kind=row["kind"], queue=row["queue"],
-        attempt=row["attempt"], max_attempts=row["max_attempts"], crashes=row["crashes"],
-        priority=row["priority"], tenant=row["tenant"], enqueued_at=row["enqueued_at"],
-        scheduled_at=row["scheduled_at"], args=row["args"].encode(),
-    )  # fmt: skip
 
 
 @pytest.fixture
@@ -214,8 +205,8 @@ async def test_one_attempt_row_per_failed_attempt_with_a_stale_outcome_in_the_ba
         "lease_expires_at = NULL WHERE id = $1",
         old.id,
     )
-    rows = await world.conn.fetch(world.q["job_claim"], "default", 1, MEMBER, LEASE)
-    current = _claimed(rows[0])
+    rows = await world.q.job_claim(world.conn, "default", 1, MEMBER, LEASE)
+    current = rows[0].claimed_job()
     assert (current.id, current.fence) != (old.id, old.fence) and current.id == old.id
     completer = world.completer()
     await completer.flush([

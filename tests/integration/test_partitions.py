@@ -48,8 +48,8 @@ def test_partition_names_are_read_strictly(name: str, day: date | None) -> None:
 
 
 async def _partitions(conn: asyncpg.Connection, schema: str, parent: str) -> set[str]:
-    rows = await conn.fetch(for_schema(schema)["partition_list"], f"{schema}.{parent}")
-    return {r["name"] for r in rows}
+    rows = await for_schema(schema).partition_list(conn, f"{schema}.{parent}")
+    return {r.name for r in rows}
 
 
 async def _add_day(conn: asyncpg.Connection, schema: str, parent: str, day: date) -> str:

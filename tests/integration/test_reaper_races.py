@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from pgjobd.lock_keys import LEADER, lock_key
 from pgjobd.queries import Queries, for_schema
+from pgjobd.statements.job import CompleteRow, FailRow
 
 pytestmark = pytest.mark.anyio
 LEASE = timedelta(seconds=30)
@@ -25,23 +26,20 @@ class World:
         self.conn, self.q, self.term = conn, q, term
 
     async def claim(self, member: str) -> int | None:
-        rows = await self.conn.fetch(self.q["job_claim"], "races", 1, member, LEASE)
-        return rows[0]["fence"] if rows else None
+        rows = await self.q.job_claim(self.conn, "races", 1, member, LEASE)
+        return rows[0].fence if rows else None
 
     async def complete(self, job_id: int, fence: int | None) -> bool:
         if fence is None:
             return False
-        rows = await self.conn.fetch(self.q["job_complete_many"], [job_id], [fence], ["1"], [True])
+        rows = await self.q.job_complete_many(self.conn, [CompleteRow(job_id, fence, "1", True)])
         return bool(rows)
 
     async def fail(self, job_id: int, fence: int | None) -> bool:
         if fence is None:
             return False
-        rows = await self.conn.fetch(
-            self.q["job_fail_many"], [job_id], [fence], ["failed"], [100],
-            [timedelta(0)], ["E"], ["boom"], [None], [0.1], [True], "member-a",
-        )  # fmt: skip
-        return bool(rows)
+        row = FailRow(job_id, fence, "failed", 100, timedelta(0), "E", "boom", None, 0.1, True)
+        return bool(await self.q.job_fail_many(self.conn, [row], "member-a"))
 
     async def reap(self, expire: bool, job_id: int) -> int:
         if expire:
@@ -51,10 +49,8 @@ class World:
                 job_id,
             )
         # lease 0: the term has lasted long enough to reap
-        row = await self.conn.fetchrow(
-            self.q["job_reap_expired"], self.term, timedelta(0), 10, [], [], 100
-        )
-        return int(row["rescued"] + row["died"])
+        reaped = await self.q.job_reap_expired(self.conn, self.term, timedelta(0), 10, [], 100)
+        return reaped.rescued + reaped.died
 
 
 @pytest.fixture
@@ -64,7 +60,7 @@ async def world(dsn: str, conn: asyncpg.Connection, schema: str) -> AsyncIterato
     assert await session.fetchval("SELECT pg_try_advisory_lock($1, $2)", *key)
     q = for_schema(schema)
     try:
-        yield World(conn, q, await session.fetchval(q["leader_term_begin"], "test"))
+        yield World(conn, q, await q.leader_term_begin(session, "test"))
     finally:
         await session.close()
 

@@ -1,0 +1,205 @@
+"""The statements of sql/admin.sql: what sits behind the admin commands."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import NamedTuple
+
+from pgjobd.statements import Conn, Rendered, one_row, row_of, rows_of, statement
+
+
+class MemberRow(NamedTuple):
+    id: str
+    host: str
+    pid: int
+    version: str
+    started_at: datetime
+    heartbeat_at: datetime
+    queues: list[str]
+    uptime_s: float
+
+
+class LeaderRow(NamedTuple):
+    term: int
+    member: str
+
+
+class QueueStatusRow(NamedTuple):
+    queue: str
+    available: int
+    scheduled: int
+    running: int
+    retryable: int
+    oldest_available_age_s: float | None
+    paused: bool
+    dead_last_hour: int
+    throughput_per_s: float
+
+
+class JobListRow(NamedTuple):
+    id: int
+    state: str
+    queue: str
+    kind: str
+    attempt: int
+    max_attempts: int
+    priority: int
+    run_at: datetime
+    enqueued_at: datetime
+    finished_at: datetime | None
+    reason: str | None
+    last_error: str | None
+    cancel_requested: bool
+
+
+class JobState(NamedTuple):
+    id: int
+    state: str
+
+
+class FinalState(NamedTuple):
+    id: int
+    state: str
+    unique_key: str | None
+
+
+class Cancelled(NamedTuple):
+    cancelled: list[int]
+    flagged: list[int]
+    announced: int
+    recorded: int | None
+
+
+class MadeAvailable(NamedTuple):
+    ids: list[int]
+    queues_woken: int
+
+
+class Revived(NamedTuple):
+    ids: list[int]
+    blocked: list[int]
+    queues_woken: int
+
+
+class DeadRow(NamedTuple):
+    id: int
+    kind: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    reason: str | None
+    finished_at: datetime
+    enqueued_at: datetime
+    last_error: str | None
+    args: str  # JSON text
+
+
+class PausedRow(NamedTuple):
+    was_paused: bool
+    paused: bool
+    announced: bool
+    woken: bool
+
+
+class CronListRow(NamedTuple):
+    now: datetime
+    name: str | None  # None: the one row when there is no schedule
+    schedule: str
+    timezone: str
+    kind: str
+    queue: str | None
+    catch_up: str
+    enabled: bool
+    source: str
+    last_slot: datetime | None
+    args: str  # JSON text
+    updated_at: datetime
+
+
+class AdminStatements(Rendered):
+    @statement("admin_audit_insert")
+    async def admin_audit_insert(
+        self, conn: Conn, user: str | None, action: str, target: str | None,
+        job_ids: Sequence[int], detail: str,
+    ) -> int:  # fmt: skip
+        """The audit row's id; `detail` is a JSON object's text."""
+        audit_id: int = await conn.fetchval(
+            self.sql("admin_audit_insert"), user, action, target, job_ids, detail
+        )
+        return audit_id
+
+    @statement("admin_status_members")
+    async def admin_status_members(self, conn: Conn, liveness: timedelta) -> list[MemberRow]:
+        return rows_of(MemberRow, await conn.fetch(self.sql("admin_status_members"), liveness))
+
+    @statement("admin_status_leader")
+    async def admin_status_leader(self, conn: Conn, key_hi: int, key_lo: int) -> LeaderRow | None:
+        record = await conn.fetchrow(self.sql("admin_status_leader"), key_hi, key_lo)
+        return row_of(LeaderRow, record)
+
+    @statement("admin_status_queues")
+    async def admin_status_queues(self, conn: Conn, liveness: timedelta) -> list[QueueStatusRow]:
+        records = await conn.fetch(self.sql("admin_status_queues"), liveness)
+        return rows_of(QueueStatusRow, records)
+
+    @statement("admin_jobs_list")
+    async def admin_jobs_list(
+        self, conn: Conn, states: Sequence[str] | None, queue: str | None, kind: str | None,
+        limit: int, include_live: bool, include_final: bool,
+    ) -> list[JobListRow]:  # fmt: skip
+        records = await conn.fetch(
+            self.sql("admin_jobs_list"), states, queue, kind, limit, include_live, include_final
+        )
+        return rows_of(JobListRow, records)
+
+    @statement("admin_jobs_lock_live")
+    async def admin_jobs_lock_live(self, conn: Conn, ids: Sequence[int]) -> list[JobState]:
+        return rows_of(JobState, await conn.fetch(self.sql("admin_jobs_lock_live"), ids))
+
+    @statement("admin_jobs_final_states")
+    async def admin_jobs_final_states(self, conn: Conn, ids: Sequence[int]) -> list[FinalState]:
+        return rows_of(FinalState, await conn.fetch(self.sql("admin_jobs_final_states"), ids))
+
+    @statement("admin_jobs_cancel")
+    async def admin_jobs_cancel(
+        self, conn: Conn, pending: Sequence[int], running: Sequence[int]
+    ) -> Cancelled:
+        record = await conn.fetchrow(self.sql("admin_jobs_cancel"), pending, running)
+        return one_row("admin_jobs_cancel", Cancelled, record)
+
+    @statement("admin_jobs_make_available")
+    async def admin_jobs_make_available(self, conn: Conn, ids: Sequence[int]) -> MadeAvailable:
+        record = await conn.fetchrow(self.sql("admin_jobs_make_available"), ids)
+        return one_row("admin_jobs_make_available", MadeAvailable, record)
+
+    @statement("admin_jobs_revive")
+    async def admin_jobs_revive(self, conn: Conn, ids: Sequence[int]) -> Revived:
+        record = await conn.fetchrow(self.sql("admin_jobs_revive"), ids)
+        return one_row("admin_jobs_revive", Revived, record)
+
+    @statement("admin_dlq_list")
+    async def admin_dlq_list(
+        self, conn: Conn, kind: str | None, queue: str | None, since: datetime | None,
+        limit: int,
+    ) -> list[DeadRow]:  # fmt: skip
+        records = await conn.fetch(self.sql("admin_dlq_list"), kind, queue, since, limit)
+        return rows_of(DeadRow, records)
+
+    @statement("admin_dlq_ids")
+    async def admin_dlq_ids(
+        self, conn: Conn, kind: str | None, queue: str | None, since: datetime | None
+    ) -> list[int]:
+        records = await conn.fetch(self.sql("admin_dlq_ids"), kind, queue, since)
+        return [row[0] for row in records]
+
+    @statement("admin_queue_set_paused")
+    async def admin_queue_set_paused(
+        self, conn: Conn, queue: str, paused: bool, updated_by: str | None
+    ) -> PausedRow:
+        record = await conn.fetchrow(self.sql("admin_queue_set_paused"), queue, paused, updated_by)
+        return one_row("admin_queue_set_paused", PausedRow, record)
+
+    @statement("admin_cron_list")
+    async def admin_cron_list(self, conn: Conn) -> list[CronListRow]:
+        return rows_of(CronListRow, await conn.fetch(self.sql("admin_cron_list")))

@@ -1,0 +1,198 @@
+"""The statements of sql/job.sql: enqueue, read, claim, promote, finish, renew."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import NamedTuple
+
+from pgjobd.model import ClaimedJob
+from pgjobd.statements import Conn, Rendered, columns, one_row, row_of, rows_of, statement
+
+
+class EnqueueRow(NamedTuple):
+    """One job for job_enqueue_many (NULL: the defaults)."""
+
+    kind: str
+    args: str  # JSON text
+    queue: str | None
+    priority: int | None
+    run_at: datetime | None
+    delay: timedelta | None
+    tenant: str | None
+    unique_key: str | None
+    max_attempts: int | None
+
+
+class JobRow(NamedTuple):
+    """A job as job_get reads it, live or final."""
+
+    id: int
+    kind: str
+    queue: str
+    state: str
+    attempt: int
+    max_attempts: int
+    priority: int
+    args: str  # JSON text
+    result: str | None  # JSON text
+    reason: str | None
+    tenant: str | None
+    unique_key: str | None
+    run_at: datetime
+    enqueued_at: datetime
+    finished_at: datetime | None
+    last_error: str | None
+
+
+class AttemptError(NamedTuple):
+    attempt: int
+    error: str
+    at: datetime
+
+
+class ClaimRow(NamedTuple):
+    id: int
+    fence: int
+    kind: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    crashes: int
+    priority: int
+    tenant: str | None
+    enqueued_at: datetime
+    scheduled_at: datetime
+    args: str  # JSON text
+    waited_s: float
+
+    def claimed_job(self) -> ClaimedJob:
+        """The job as the member holds it (the args stay JSON text, as bytes)."""
+        return ClaimedJob(
+            id=self.id, fence=self.fence, kind=self.kind, queue=self.queue,
+            attempt=self.attempt, max_attempts=self.max_attempts, crashes=self.crashes,
+            priority=self.priority, tenant=self.tenant, enqueued_at=self.enqueued_at,
+            scheduled_at=self.scheduled_at, args=self.args.encode(),
+        )  # fmt: skip
+
+
+class Promoted(NamedTuple):
+    promoted: int
+    queues: list[str]
+    next_due_in_s: float | None
+
+
+class CompleteRow(NamedTuple):
+    id: int
+    fence: int
+    result: str | None  # JSON text
+    keep_history: bool
+
+
+class AttemptKey(NamedTuple):
+    id: int
+    fence: int
+
+
+class FailRow(NamedTuple):
+    id: int
+    fence: int
+    verdict: str
+    max_crashes: int
+    delay: timedelta
+    error_class: str | None
+    error_message: str | None
+    traceback: str | None
+    duration_s: float
+    keep_history: bool
+
+
+class FailRecorded(NamedTuple):
+    id: int
+    fence: int
+    reason: str | None  # the job ended: why (dead), or 'cancelled'
+
+
+class LeaseRow(NamedTuple):
+    id: int
+    fence: int
+    cancel_requested: bool
+    renewed: bool
+
+
+class JobStatements(Rendered):
+    @statement("job_enqueue")
+    async def job_enqueue(
+        self, conn: Conn, kind: str, args: str, queue: str | None,
+        priority: int | None, run_at: datetime | None, tenant: str | None,
+        unique_key: str | None, max_attempts: int | None, delay: timedelta | None,
+        on_conflict: str,
+    ) -> int:  # fmt: skip
+        job_id: int = await conn.fetchval(
+            self.sql("job_enqueue"), kind, args, queue, priority, run_at, tenant, unique_key,
+            max_attempts, delay, on_conflict,
+        )  # fmt: skip
+        return job_id
+
+    @statement("job_enqueue_many")
+    async def job_enqueue_many(
+        self, conn: Conn, jobs: Sequence[EnqueueRow], on_conflict: str
+    ) -> list[int]:
+        rows = await conn.fetch(
+            self.sql("job_enqueue_many"), *columns(jobs, len(EnqueueRow._fields)), on_conflict
+        )
+        return [row[0] for row in rows]
+
+    @statement("job_stage_create")
+    async def job_stage_create(self, conn: Conn) -> None:
+        await conn.execute(self.sql("job_stage_create"))
+
+    @statement("job_enqueue_staged")
+    async def job_enqueue_staged(self, conn: Conn) -> list[int]:
+        return [row[0] for row in await conn.fetch(self.sql("job_enqueue_staged"))]
+
+    @statement("job_get")
+    async def job_get(self, conn: Conn, job_id: int) -> JobRow | None:
+        return row_of(JobRow, await conn.fetchrow(self.sql("job_get"), job_id))
+
+    @statement("job_attempt_errors")
+    async def job_attempt_errors(self, conn: Conn, job_id: int) -> list[AttemptError]:
+        return rows_of(AttemptError, await conn.fetch(self.sql("job_attempt_errors"), job_id))
+
+    @statement("job_claim")
+    async def job_claim(
+        self, conn: Conn, queue: str, limit: int, member_id: str,
+        lease: timedelta,
+    ) -> list[ClaimRow]:  # fmt: skip
+        records = await conn.fetch(self.sql("job_claim"), queue, limit, member_id, lease)
+        return rows_of(ClaimRow, records)
+
+    @statement("job_promote_due")
+    async def job_promote_due(self, conn: Conn, limit: int) -> Promoted:
+        record = await conn.fetchrow(self.sql("job_promote_due"), limit)
+        return one_row("job_promote_due", Promoted, record)
+
+    @statement("job_complete_many")
+    async def job_complete_many(self, conn: Conn, rows: Sequence[CompleteRow]) -> list[AttemptKey]:
+        records = await conn.fetch(
+            self.sql("job_complete_many"), *columns(rows, len(CompleteRow._fields))
+        )
+        return rows_of(AttemptKey, records)
+
+    @statement("job_fail_many")
+    async def job_fail_many(
+        self, conn: Conn, rows: Sequence[FailRow], member_id: str
+    ) -> list[FailRecorded]:
+        records = await conn.fetch(
+            self.sql("job_fail_many"), *columns(rows, len(FailRow._fields)), member_id
+        )
+        return rows_of(FailRecorded, records)
+
+    @statement("job_lease_renew")
+    async def job_lease_renew(
+        self, conn: Conn, member_id: str, held: Sequence[AttemptKey],
+        lease: timedelta,
+    ) -> list[LeaseRow]:  # fmt: skip
+        ids, fences = columns(held, 2)
+        records = await conn.fetch(self.sql("job_lease_renew"), member_id, ids, fences, lease)
+        return rows_of(LeaseRow, records)

@@ -1,0 +1,105 @@
+"""The statements of sql/leader.sql: the election, the term, and the reaper's and the
+rotator's and the queue stats' reads and writes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import NamedTuple
+
+from pgjobd.statements import Conn, Rendered, columns, one_row, rows_of, statement
+
+
+class QueueCrashes(NamedTuple):
+    queue: str
+    max_crashes: int
+
+
+class Reaped(NamedTuple):
+    rescued: int
+    died: int
+    queues_woken: int
+    buried: int | None
+
+
+class Partition(NamedTuple):
+    name: str
+    detach_pending: bool
+
+
+class QueueStatRow(NamedTuple):
+    queue: str
+    available: int
+    scheduled: int
+    running: int
+    retryable: int
+    oldest_available_age_s: float | None
+    paused: bool
+
+
+class LeaderStatements(Rendered):
+    @statement("leader_try_lock")
+    async def leader_try_lock(self, conn: Conn, key_hi: int, key_lo: int) -> bool:
+        got: bool = await conn.fetchval(self.sql("leader_try_lock"), key_hi, key_lo)
+        return got
+
+    @statement("leader_still_holds")
+    async def leader_still_holds(
+        self, conn: Conn, key_hi: int, key_lo: int, term: int
+    ) -> bool | None:
+        holds: bool | None = await conn.fetchval(
+            self.sql("leader_still_holds"), key_hi, key_lo, term
+        )
+        return holds
+
+    @statement("leader_term_begin")
+    async def leader_term_begin(self, conn: Conn, member_id: str) -> int:
+        term: int = await conn.fetchval(self.sql("leader_term_begin"), member_id)
+        return term
+
+    @statement("leader_term_holds")
+    async def leader_term_holds(self, conn: Conn, term: int) -> int | None:
+        """The term, locked FOR SHARE, while it is open; None once it has ended."""
+        held: int | None = await conn.fetchval(self.sql("leader_term_holds"), term)
+        return held
+
+    @statement("leader_term_open")
+    async def leader_term_open(self, conn: Conn, term: int) -> bool:
+        is_open: bool = await conn.fetchval(self.sql("leader_term_open"), term)
+        return is_open
+
+    @statement("leader_resign")
+    async def leader_resign(self, conn: Conn, term: int, key_hi: int, key_lo: int) -> int:
+        """How many terms were ended (0: it had ended already)."""
+        ended: int = await conn.fetchval(self.sql("leader_resign"), term, key_hi, key_lo)
+        return ended
+
+    @statement("job_reap_expired")
+    async def job_reap_expired(
+        self, conn: Conn, term: int, lease: timedelta, limit: int,
+        queues: Sequence[QueueCrashes], other_max_crashes: int,
+    ) -> Reaped:  # fmt: skip
+        record = await conn.fetchrow(
+            self.sql("job_reap_expired"), term, lease, limit, *columns(queues, 2),
+            other_max_crashes,
+        )  # fmt: skip
+        return one_row("job_reap_expired", Reaped, record)
+
+    @statement("member_forget_gone")
+    async def member_forget_gone(self, conn: Conn, term: int, silence: timedelta) -> list[str]:
+        """The ids of the members forgotten."""
+        return [row[0] for row in await conn.fetch(self.sql("member_forget_gone"), term, silence)]
+
+    @statement("partition_list")
+    async def partition_list(self, conn: Conn, parent: str) -> list[Partition]:
+        return rows_of(Partition, await conn.fetch(self.sql("partition_list"), parent))
+
+    @statement("job_next_lease_expiry")
+    async def job_next_lease_expiry(self, conn: Conn, term: int, lease: timedelta) -> float | None:
+        """Seconds until the next lease runs out (None: no job is running)."""
+        seconds: float | None = await conn.fetchval(self.sql("job_next_lease_expiry"), term, lease)
+        return seconds
+
+    @statement("queue_stats")
+    async def queue_stats(self, conn: Conn, queues: Sequence[str]) -> list[QueueStatRow]:
+        return rows_of(QueueStatRow, await conn.fetch(self.sql("queue_stats"), queues))
