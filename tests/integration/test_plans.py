@@ -165,7 +165,7 @@ def seeded_schema(dsn: str) -> Iterator[tuple[str, dict[str, Any]]]:
                 f"SELECT id, fence FROM {job} WHERE state = 'running' AND owner = 'member-0' "
                 f"ORDER BY id LIMIT {BATCH}"
             )
-            term = await conn.fetchval(for_schema(name)["leader_term_begin"], "planner")
+            term = await for_schema(name).leader_term_begin(conn, "planner")
             return {
                 "running_ids": [r["id"] for r in running],
                 "running_fences": [r["fence"] for r in running],
@@ -224,7 +224,7 @@ async def test_the_statement_reads_by_index_never_a_whole_table(
     schema, seeds = seeded_schema
     conn = await asyncpg.connect(dsn)
     try:
-        sql = for_schema(schema)[case.statement]
+        sql = for_schema(schema).sql(case.statement)
         plan = await _plan(conn, sql, case.args(seeds), generic=generic, analyze=False)
     finally:
         await conn.close()
@@ -237,7 +237,7 @@ async def test_the_claim_touches_buffers_in_proportion_to_its_batch_not_the_tabl
     schema, seeds = seeded_schema
     conn = await asyncpg.connect(dsn)
     try:
-        sql = for_schema(schema)["job_claim"]
+        sql = for_schema(schema).sql("job_claim")
         plan = await _plan(conn, sql, CASES[0].args(seeds), generic=False, analyze=True)
     finally:
         await conn.close()
