@@ -22,7 +22,7 @@ import msgspec
 from pgjobd import admin, errors, migrate
 from pgjobd.config import MAX_ARGS_BYTES
 from pgjobd.duration import to_timedelta
-from pgjobd.errors import DuplicateJob, EnqueueError
+from pgjobd.errors import DuplicateJob, EnqueueError, QueueFull
 from pgjobd.handler import ArgsError, DurationLike, validate_args
 from pgjobd.handlers import Registry
 from pgjobd.names import kind_name_problem, queue_name_problem, schema_name_problem
@@ -33,6 +33,7 @@ from pgjobd.queries import Queries, for_schema
 MAX_ARGS_DEPTH = 100  # no value at nesting level 100 (the args object is level 0)
 MAX_UNIQUE_KEY_BYTES = 512
 MAX_TENANT_BYTES = 256
+MAX_GROUP_KEY_BYTES = 512
 MAX_KIND_CHARS = 128
 MAX_MAX_ATTEMPTS = 2**31 - 1
 EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
@@ -43,6 +44,7 @@ OnConflict = Literal["return", "raise"]
 _STAGE = "pgjobd_enqueue_stage"
 _STAGE_COLUMNS = (
     "ord", "kind", "args", "queue", "priority", "run_at", "delay", "tenant", "max_attempts",
+    "group_key",
 )  # fmt: skip
 _json_encoder = msgspec.json.Encoder()
 # A "\u0000" escape in JSON text: preceded by an even number of backslashes (an odd
@@ -63,6 +65,7 @@ class JobSpec(msgspec.Struct, frozen=True):
     tenant: str | None = None
     unique_key: str | None = None
     max_attempts: int | None = None
+    group: str | None = None
 
 
 class JobError(msgspec.Struct, frozen=True):
@@ -105,6 +108,7 @@ class _Checked(NamedTuple):
     tenant: str | None
     unique_key: str | None
     max_attempts: int | None
+    group: str | None
 
 
 class Client:
@@ -190,22 +194,25 @@ class Client:
         max_attempts: int | None = None,
         on_conflict: OnConflict = "return",
         conn: asyncpg.Connection | None = None,
+        group: str | None = None,
     ) -> int:
         """Enqueue one job and return its id.
 
         A live job with the same unique_key makes this return that job's id without
         writing anything (or raise DuplicateJob with ``on_conflict="raise"``). With
-        ``conn``, the job is written in that connection's current transaction.
+        ``conn``, the job is written in that connection's current transaction. Jobs
+        of one ``group`` (in one queue) run one at a time, in (priority, id) order.
+        QueueFull when the queue holds its max_depth of live jobs.
         """
         spec = JobSpec(kind, {} if args is None else args, queue=queue, priority=priority,
                        delay=delay, run_at=run_at, tenant=tenant, unique_key=unique_key,
-                       max_attempts=max_attempts)  # fmt: skip
+                       max_attempts=max_attempts, group=group)  # fmt: skip
         job = self._check(spec, position=None)
         _check_on_conflict(on_conflict)
         await self.check_schema()
         params = (
             job.kind, job.args_json, job.queue, job.priority, job.run_at, job.tenant,
-            job.unique_key, job.max_attempts, job.delay, on_conflict,
+            job.unique_key, job.max_attempts, job.delay, on_conflict, job.group,
         )  # fmt: skip
         job_id: int = await self._run(conn, "fetchval", self._q["job_enqueue"], params)
         return job_id
@@ -223,6 +230,7 @@ class Client:
         max_attempts: int | None = None,
         on_conflict: OnConflict = "return",
         conn: asyncpg.Connection | None = None,
+        group: str | None = None,
     ) -> list[int]:
         """Enqueue many jobs in one transaction; returns their ids in input order.
 
@@ -234,6 +242,7 @@ class Client:
             for name, value in (
                 ("queue", queue), ("priority", priority), ("delay", delay), ("run_at", run_at),
                 ("tenant", tenant), ("unique_key", unique_key), ("max_attempts", max_attempts),
+                ("group", group),
             )
             if value is not None
         }  # fmt: skip
@@ -249,7 +258,8 @@ class Client:
                 args_json = self._encode_args(kind, {} if args is None else args, position)
                 checked.append(
                     _Checked(kind, args_json, shared.queue, shared.priority, shared.delay,
-                             shared.run_at, shared.tenant, shared.unique_key, shared.max_attempts)
+                             shared.run_at, shared.tenant, shared.unique_key, shared.max_attempts,
+                             shared.group)
                 )  # fmt: skip
             else:
                 spec = _with_defaults(_as_spec(item, position), defaults)
@@ -353,7 +363,7 @@ class Client:
             [j.kind for j in jobs], [j.args_json for j in jobs], [j.queue for j in jobs],
             [j.priority for j in jobs], [j.run_at for j in jobs], [j.delay for j in jobs],
             [j.tenant for j in jobs], [j.unique_key for j in jobs],
-            [j.max_attempts for j in jobs], on_conflict,
+            [j.max_attempts for j in jobs], on_conflict, [j.group for j in jobs],
         )  # fmt: skip
         rows = await self._run(conn, "fetch", self._q["job_enqueue_many"], params)
         return [row["id"] for row in rows]
@@ -373,7 +383,7 @@ class Client:
         await conn.execute(self._q["job_stage_create"])
         records = [
             (ord_, j.kind, j.args_json, j.queue, j.priority, j.run_at, j.delay, j.tenant,
-             j.max_attempts)
+             j.max_attempts, j.group)
             for ord_, j in enumerate(jobs, start=1)
         ]  # fmt: skip
         await conn.copy_records_to_table(
@@ -383,6 +393,8 @@ class Client:
             rows = await conn.fetch(self._q["job_enqueue_staged"])
         except asyncpg.CheckViolationError as e:
             raise EnqueueError(f"the database rejected a job: {e}") from None
+        except asyncpg.PostgresError as e:
+            raise _translated(e) from None
         return [row["id"] for row in rows]
 
     async def _run(
@@ -464,6 +476,8 @@ def _translated(error: asyncpg.PostgresError) -> Exception:
         detail = getattr(error, "detail", None) or "0"
         key = message.split("'")[1] if "'" in message else ""
         return DuplicateJob(key, int(detail))
+    if error.sqlstate == errors.SQLSTATE_QUEUE_FULL:
+        return QueueFull(message)
     if error.sqlstate in errors.ENQUEUE_SQLSTATES:
         return EnqueueError(message)
     return error  # type: ignore[no-any-return]  # asyncpg is untyped
@@ -540,8 +554,12 @@ def _checked_options(spec: JobSpec, reject: Callable[[str], EnqueueError]) -> _C
         problem := _text_problem("tenant", spec.tenant, MAX_TENANT_BYTES)
     ):
         raise reject(problem)
+    if spec.group is not None and (
+        problem := _text_problem("group", spec.group, MAX_GROUP_KEY_BYTES)
+    ):
+        raise reject(problem)
     return _Checked("", "", spec.queue, spec.priority, delay, spec.run_at,
-                    spec.tenant, spec.unique_key, spec.max_attempts)  # fmt: skip
+                    spec.tenant, spec.unique_key, spec.max_attempts, spec.group)  # fmt: skip
 
 
 def _rejecter(position: int | None) -> Callable[[str], EnqueueError]:

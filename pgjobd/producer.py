@@ -5,6 +5,14 @@ It claims only when a slot is free and the completer is keeping up. Between clai
 waits for a NOTIFY wake-up or, failing that, polls with an interval that doubles while
 the queue stays empty (up to MAX_POLL_S) and drops back as soon as work turns up.
 
+Queues without flow control claim with `job_claim`, the statement of an unlimited
+queue. A queue with fleet-wide limits or groups (its own, or any kind's) claims with
+`job_claim_flow`; `job_claim` refuses such a queue, so a producer that has not noticed a
+new limit claims nothing rather than too much. The producer reads which one applies
+(`queue_flow_get`) at its first claim, and again at most every FLOW_RECHECK_S after a
+claim that came back short. While a limit holds jobs back, it polls every MIN_POLL_S
+(another member's job ending frees room, and nothing announces that).
+
 A claim and the hand-over of what it claimed are one step that cancellation does not
 split: once `job_claim` may have committed, the jobs reach the workers (or are given
 back by them). Cancelling the producer (a drain, a reload retiring its workers) ends
@@ -14,6 +22,7 @@ its loops between claims; a claim in flight runs to its end, bounded by `stop()`
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -37,6 +46,7 @@ MAX_POLL_S = 1.0
 # When every slot was filled last time, wait this long for more slots to free up so
 # that one claim statement serves several jobs instead of one each.
 BATCH_WINDOW_S = 0.002
+FLOW_RECHECK_S = 1.0
 
 
 class Workers(Protocol):
@@ -71,6 +81,9 @@ class Producer:
         self._stop_by: float | None = None
         self.claim_seconds: list[float] = []  # recent claim durations, for metrics
         self.claimed = 0
+        self.flow: bool | None = None  # claims through job_claim_flow; None: not read yet
+        self._flow_read_at = -math.inf
+        self.throttled = False  # the last claim was held back by a limit
 
     async def run(self) -> None:
         """Run CLAIMERS claim loops. Two loops overlap one claim's round trip with the
@@ -137,16 +150,28 @@ class Producer:
             saturated = len(jobs) == limit
             if jobs:
                 poll_s = MIN_POLL_S
-            if not saturated:
+            if self.throttled:
+                await self.wakeup.wait(MIN_POLL_S)
+            elif not saturated:
                 await self.wakeup.wait(poll_s)
                 poll_s = min(poll_s * 2, MAX_POLL_S)
 
     async def claim(self, limit: int) -> list[ClaimedJob]:
         started = time.perf_counter()
         async with db.acquire(self.pool) as conn:
+            if self.flow is None:
+                await self._read_flow(conn)
+            statement = "job_claim_flow" if self.flow else "job_claim"
             rows = await conn.fetch(
-                self.q["job_claim"], self.queue, limit, self.member_id, self.lease
+                self.q[statement], self.queue, limit, self.member_id, self.lease
             )
+            if self.flow:
+                held = [row["held_by"] for row in rows if row["id"] is None]
+                rows = [row for row in rows if row["id"] is not None]
+                self.throttled = bool(held)
+                metrics.record_throttled(self.queue, held)
+            if len(rows) < limit and time.monotonic() - self._flow_read_at >= FLOW_RECHECK_S:
+                await self._read_flow(conn)
         seconds = time.perf_counter() - started
         self.claim_seconds.append(seconds)
         if len(self.claim_seconds) > 1000:
@@ -156,6 +181,18 @@ class Producer:
             self.queue, seconds, [row["kind"] for row in rows], [row["waited_s"] for row in rows]
         )
         return [_claimed(row) for row in rows]
+
+    async def _read_flow(self, conn: asyncpg.Connection) -> None:
+        flow = bool(await conn.fetchval(self.q["queue_flow_get"], self.queue))
+        self._flow_read_at = time.monotonic()
+        if flow != self.flow and (flow or self.flow is not None):
+            self.throttled = False
+            log.info(
+                "queue %s claims %s", self.queue,
+                "under flow control" if flow else "without flow control",
+                extra={"event": "producer.flow_changed", "queue": self.queue, "flow": flow},
+            )  # fmt: skip
+        self.flow = flow
 
 
 def _claimed(row: asyncpg.Record) -> ClaimedJob:
