@@ -269,26 +269,18 @@ BEGIN
     FROM {{schema}}.kind AS k
     WHERE (k.global_concurrency IS NOT NULL OR k.rate_limit IS NOT NULL)
       AND k.name <> ALL(locked);
-    at := clock_timestamp();
-
     IF q.global_concurrency IS NOT NULL THEN
         SELECT count(*) INTO running FROM {{schema}}.job AS j
         WHERE j.state = 'running' AND j.queue = claim_queue;
         gc_room := greatest(q.global_concurrency - running, 0);
         room := least(room, gc_room);
     END IF;
-    IF q.rate_limit IS NOT NULL AND room > 0 THEN
-        rate_room := {{schema}}.flow_rate_room('queue ' || claim_queue, q.rate_limit,
-                                               q.rate_window, at, wanted);
-        room := least(room, rate_room);
-    END IF;
-
-    IF room > 0 AND cardinality(lk) > 0 THEN
+    IF cardinality(lk) > 0 THEN
         lk_room := array_fill(room, ARRAY[cardinality(lk)]);
         lk_by := array_fill(NULL::text, ARRAY[cardinality(lk)]);
         lk_taken := array_fill(0, ARRAY[cardinality(lk)]);
         FOR pos IN 1..cardinality(lk) LOOP
-            IF lk_gc[pos] IS NOT NULL THEN
+            IF lk_gc[pos] IS NOT NULL AND room > 0 THEN
                 SELECT count(*) INTO running FROM {{schema}}.job AS j
                 WHERE j.state = 'running' AND j.kind = lk[pos];
                 IF lk_gc[pos] - running < lk_room[pos] THEN
@@ -296,6 +288,18 @@ BEGIN
                     lk_by[pos] := 'kind_global_concurrency';
                 END IF;
             END IF;
+        END LOOP;
+    END IF;
+    at := clock_timestamp();
+    IF q.rate_limit IS NOT NULL AND room > 0 THEN
+        rate_room := {{schema}}.flow_rate_room('queue ' || claim_queue, q.rate_limit,
+                                               q.rate_window, at, wanted);
+        room := least(room, rate_room);
+    END IF;
+
+    IF cardinality(lk) > 0 THEN
+        FOR pos IN 1..cardinality(lk) LOOP
+            lk_room[pos] := least(lk_room[pos], room);
             IF lk_rate[pos] IS NOT NULL AND lk_room[pos] > 0 THEN
                 free := {{schema}}.flow_rate_room('kind ' || lk[pos], lk_rate[pos],
                                                   lk_window[pos], at, lk_room[pos]);
@@ -310,8 +314,9 @@ BEGIN
         END LOOP;
     END IF;
 
-    -- Candidates in claim order: jobs without a group, and the heads of groups that may
-    -- start. A kind that runs out of room in a pass is skipped by the next pass.
+    -- Candidates: jobs without a group in claim order, and the heads of groups that may
+    -- start, in turn from the group after the last one started (round robin); by
+    -- priority first. A kind that runs out of room in a pass is skipped by the next.
     pass := 0;
     WHILE room > taken AND pass < 3 LOOP
         pass := pass + 1;
@@ -340,7 +345,7 @@ BEGIN
                                                 room - taken, skip_kinds, 1000) AS h
                 WHERE q.grouped AND q.group_cursor IS NOT NULL AND h.id <> ALL(picked)
             ) AS x
-            ORDER BY x.priority, x.run_at, x.id
+            ORDER BY x.priority, x.turn NULLS FIRST, x.run_at, x.id
         LOOP
             EXIT WHEN taken >= room;
             CONTINUE WHEN c.group_key IS NOT NULL AND c.group_key = ANY(picked_groups);
@@ -369,6 +374,9 @@ BEGIN
     END LOOP;
 
     IF taken > 0 THEN
+        -- The start time, read after every check: whatever this claim saw end had ended
+        -- before it. (A ring slot free at the earlier `at` is free now too.)
+        at := clock_timestamp();
         RETURN QUERY
         UPDATE {{schema}}.job AS j
         SET state = 'running', attempt = j.attempt + 1,
