@@ -21,9 +21,10 @@ from datetime import datetime, timedelta
 
 import anyio
 import asyncpg
+import msgspec
 import pytest
 
-from pgjobd import Client, JobSpec, QueueFull
+from pgjobd import Client, JobSpec, QueueFull, admin
 from pgjobd.config import QueueConfig
 from pgjobd.errors import EnqueueError
 from pgjobd.lock_keys import LEADER, lock_key
@@ -445,3 +446,26 @@ async def test_limits_disagreeing_members_last_writer_wins_and_it_is_logged(
         conn, q, {"api": QueueConfig(global_concurrency=7, rate_limit="10/1s")}, "member-c"
     )
     assert not [r for r in caplog.records if getattr(r, "event", "") == "flow.limits_disagree"]
+
+
+async def test_status_shows_each_queues_limits(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    q = for_schema(schema)
+    await _set_limits(
+        conn, schema,
+        api=QueueConfig(global_concurrency=10, rate_limit="100/1s"),
+        free=QueueConfig(), deep=QueueConfig(max_depth=50),
+    )  # fmt: skip
+    for queue in ("api", "api", "free", "deep"):
+        await _enqueue(conn, q, "work", queue)
+    await conn.fetch(q["job_claim_flow"], "api", 1, "m", LEASE)
+    status = await admin.status(conn, schema)
+    limited = {name: msgspec.to_builtins(s.limited) for name, s in status.queues.items()}
+    assert limited["api"] == {
+        "global_concurrency": 10, "running": 1, "rate_limit": "100/1s", "max_depth": None,
+    }  # fmt: skip
+    assert limited["free"] == {
+        "global_concurrency": None, "running": 0, "rate_limit": None, "max_depth": None,
+    }  # fmt: skip
+    assert limited["deep"]["max_depth"] == 50

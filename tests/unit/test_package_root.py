@@ -38,8 +38,8 @@ def test_the_client_loads_on_first_use() -> None:
 def test_every_exported_name_resolves() -> None:
     homes = {"Client": client, "SyncClient": client, "JobSpec": client, "JobInfo": client,
              "DuplicateJob": errors, "EnqueueError": errors, "PgjobdError": errors,
-             "QueueFull": errors, "job": handler, "JobContext": handler, "Retry": handler, "Snooze": handler,
-             "Discard": handler}  # fmt: skip
+             "QueueFull": errors, "job": handler, "JobContext": handler, "Retry": handler,
+             "Snooze": handler, "Discard": handler}  # fmt: skip
     assert set(pgjobd.__all__) == {*homes, "__version__"}
     for name, module in homes.items():
         assert getattr(pgjobd, name) is getattr(module, name)
