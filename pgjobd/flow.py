@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from pgjobd.duration import EXAMPLES, format_duration, parse_duration
 
-MAX_RATE = 1_000_000  # starts per window: one ring slot each, in the database
+MAX_RATE = 100_000  # starts per window: one row each in the database (flow_start)
 
 
 class RateLimit(NamedTuple):

@@ -100,6 +100,10 @@ CREATE FUNCTION {{schema}}.flow_rate_room(
 )
 RETURNS integer
 LANGUAGE plpgsql
+-- The ring's oldest slots in index order, however fresh the table's statistics: a
+-- bitmap scan would read every slot of the ring to find `wanted` of them.
+SET enable_bitmapscan = off
+SET enable_sort = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -119,6 +123,7 @@ BEGIN
     SELECT count(*) INTO room FROM (
         SELECT FROM {{schema}}.flow_start AS s
         WHERE s.scope = flow_rate_room.scope AND s.started_at <= at - win
+        ORDER BY s.started_at
         LIMIT wanted
     ) AS free;
     RETURN room;
@@ -130,13 +135,16 @@ $$;
 CREATE FUNCTION {{schema}}.flow_rate_take(scope text, win interval, at timestamptz, taken integer)
 RETURNS void
 LANGUAGE sql
+SET enable_bitmapscan = off  -- (as in flow_rate_room)
+SET enable_sort = off
 AS $$
     UPDATE {{schema}}.flow_start AS s SET started_at = at
-    FROM (SELECT f.slot FROM {{schema}}.flow_start AS f
-          WHERE f.scope = flow_rate_take.scope AND f.started_at <= at - win
-          ORDER BY f.started_at, f.slot
-          LIMIT taken) AS free
-    WHERE s.scope = flow_rate_take.scope AND s.slot = free.slot
+    WHERE s.scope = flow_rate_take.scope
+      AND s.slot = ANY(ARRAY(SELECT f.slot FROM {{schema}}.flow_start AS f
+                             WHERE f.scope = flow_rate_take.scope
+                               AND f.started_at <= at - win
+                             ORDER BY f.started_at
+                             LIMIT taken))
 $$;
 
 -- The heads of the groups of a queue that may start now, in group-key order from just
