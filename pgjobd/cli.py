@@ -104,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tenant")
     p.add_argument("--unique-key")
     p.add_argument("--max-attempts", type=int)
+    p.add_argument("--group", help="an ordered group: its jobs run one at a time, in order")
     p.set_defaults(command=_enqueue)
 
     _admin_parsers(sub, common)
@@ -235,7 +236,7 @@ def _enqueue(args: argparse.Namespace) -> int:
             job_id = await client.enqueue(
                 args.kind, job_args, queue=args.queue, priority=args.priority,
                 delay=args.delay, run_at=run_at, tenant=args.tenant,
-                unique_key=args.unique_key, max_attempts=args.max_attempts,
+                unique_key=args.unique_key, max_attempts=args.max_attempts, group=args.group,
             )  # fmt: skip
         finally:
             await pool.close()
