@@ -10,8 +10,9 @@ queue. A queue with fleet-wide limits or groups (its own, or any kind's) claims 
 `job_claim_flow`; `job_claim` refuses such a queue, so a producer that has not noticed a
 new limit claims nothing rather than too much. The producer reads which one applies
 (`queue_flow_get`) at its first claim, and again at most every FLOW_RECHECK_S after a
-claim that came back short. While a limit holds jobs back, it polls every MIN_POLL_S
-(another member's job ending frees room, and nothing announces that).
+claim that came back short. While a limit holds jobs back, it claims again when one of
+its own jobs ends, or after MIN_POLL_S (another member's job ending frees room too, and
+nothing announces that).
 
 A claim and the hand-over of what it claimed are one step that cancellation does not
 split: once `job_claim` may have committed, the jobs reach the workers (or are given
@@ -47,6 +48,9 @@ MAX_POLL_S = 1.0
 # that one claim statement serves several jobs instead of one each.
 BATCH_WINDOW_S = 0.002
 FLOW_RECHECK_S = 1.0
+# After one of this member's jobs ended under a limit: time for the completer to record
+# it (it flushes within 5 ms) before claiming its place.
+ROOM_SETTLE_S = 0.01
 
 
 class Workers(Protocol):
@@ -151,7 +155,7 @@ class Producer:
             if jobs:
                 poll_s = MIN_POLL_S
             if self.throttled:
-                await self.wakeup.wait(MIN_POLL_S)
+                await self._wait_for_room()
             elif not saturated:
                 await self.wakeup.wait(poll_s)
                 poll_s = min(poll_s * 2, MAX_POLL_S)
@@ -181,6 +185,14 @@ class Producer:
             self.queue, seconds, [row["kind"] for row in rows], [row["waited_s"] for row in rows]
         )
         return [_claimed(row) for row in rows]
+
+    async def _wait_for_room(self) -> None:
+        """A limit held the last claim back. Room comes back when a running job ends:
+        one of ours (a slot frees here; its outcome reaches the database one completer
+        flush later) or another member's (nothing announces that: poll)."""
+        with anyio.move_on_after(MIN_POLL_S):
+            await self.workers.wait_changed()
+            await anyio.sleep(ROOM_SETTLE_S)
 
     async def _read_flow(self, conn: asyncpg.Connection) -> None:
         flow = bool(await conn.fetchval(self.q["queue_flow_get"], self.queue))

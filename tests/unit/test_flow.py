@@ -76,3 +76,14 @@ def test_job_declares_kind_limits() -> None:
 
         @job(rate_limit="lots")
         def too_fast(args: dict[str, object]) -> None: ...
+
+
+def test_the_flow_lock_purpose_is_the_one_the_sql_uses() -> None:
+    from importlib import resources  # noqa: PLC0415
+
+    from pgjobd.lock_keys import FLOW  # noqa: PLC0415
+
+    migrations = resources.files("pgjobd").joinpath("sql", "migrations")
+    texts = [m.read_text("utf-8") for m in migrations.iterdir() if m.name.endswith(".sql")]
+    (defining,) = [t for t in texts if "FUNCTION {{schema}}.flow_lock(" in t]
+    assert f"pg_advisory_xact_lock({FLOW}," in defining
