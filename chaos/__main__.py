@@ -10,15 +10,16 @@ import sys
 import time
 from dataclasses import replace
 
-from .invariants import check
+from .invariants import check, check_limits
 from .runner import LEASE_S, Options, Run, log
-from .scenarios import SCENARIOS, SMOKE, Scenario
+from .scenarios import LIMITED_CONCURRENCY, LIMITED_RATE, SCENARIOS, SMOKE, Scenario
 
 SMOKE_JOBS, SMOKE_DURATION = 300, 12.0
 
 
 async def run_one(scenario: Scenario, options: Options) -> bool:
     run = Run(options)
+    run.extra_queues = scenario.queues
     clean = False
     try:
         await run.setup()
@@ -54,6 +55,11 @@ async def run_one(scenario: Scenario, options: Options) -> bool:
             expected_dead_kinds=set(scenario.expected_dead),
             unstarted_ok=scenario.unstarted_ok,
         )
+        if scenario.name == "limits":
+            check_limits(
+                tables, verdict, concurrency={"chaos_limited": LIMITED_CONCURRENCY},
+                rate={"limited": LIMITED_RATE}, grouped_kinds={"chaos_grouped"},
+            )  # fmt: skip
         violations = run.violations + verdict.violations
         if run.leader_multi:
             violations.append(

@@ -7,6 +7,7 @@ run again after a fault); a *final record* is a job_history row (exactly once pe
 from __future__ import annotations
 
 import itertools
+import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -193,3 +194,90 @@ def check(
 
 def _ts(value: datetime) -> float:
     return value.timestamp()
+
+
+def check_limits(
+    tables: dict[str, list[dict[str, Any]]],
+    v: Verdict,
+    *,
+    concurrency: dict[str, int],
+    rate: dict[str, tuple[int, float]],
+    grouped_kinds: set[str],
+) -> None:
+    """9-11, the `limits` scenario's fleet-wide limits (contract §9).
+
+    A job counts against a limit until its final record or its lease's expiry: an
+    execution whose attempt lost its lease (a lease_expired, crashed or timeout row) may
+    go on running unseen by the database after that, so 9 and 11 leave such executions
+    out. Handler times (the ledger) lie inside the database's running intervals: a
+    handler starts after its claim commits and ends before its outcome is recorded.
+    """
+    lost = {
+        (a["job_id"], a["attempt"]) for a in tables["job_attempt"] if a["outcome"] in LEASE_LOST
+    }
+    executions = [e for e in tables["chaos_ledger"] if (e["job_id"], e["attempt"]) not in lost]
+
+    # 9. Global concurrency per kind: never more executions at once than the limit.
+    for kind, limit in concurrency.items():
+        runs = [(e["started_at"], e["ended_at"]) for e in executions if e["kind"] == kind]
+        most, when = most_at_once(runs)
+        if most > limit:
+            v.fail(f"more than {limit} {kind} jobs running at once", [f"{most} at {when}"])
+        v.notes.append(f"{kind}: at most {most} running at once (global_concurrency {limit})")
+
+    # 10. Rate per queue: no more than N starts in any window. Starts are the claims'
+    # database clock (attempted_at of each final record: the last attempt's claim; a
+    # subset of all starts, so a violation here is a violation).
+    for queue, (n, window_s) in rate.items():
+        starts = sorted(
+            r["attempted_at"]
+            for r in tables["job_history"]
+            if r["queue"] == queue and r["attempted_at"] is not None
+        )
+        crowded = [
+            f"{n + 1} starts from {starts[i]:%H:%M:%S.%f} to {starts[i + n]:%H:%M:%S.%f}"
+            for i in range(len(starts) - n)
+            if (starts[i + n] - starts[i]).total_seconds() < window_s
+        ]
+        v.fail(f"more than {n} starts of queue {queue} in a {window_s:g}s window", crowded)
+        if starts:
+            v.notes.append(
+                f"queue {queue}: {len(starts)} final starts checked against {n}/{window_s:g}s"
+            )
+
+    # 11. Ordered groups: within a group, in (priority, id) order, every execution of a
+    # job starts after every execution of the job before it ended: one at a time, in
+    # order (a failed head's retry included).
+    spans: dict[int, tuple[datetime, datetime]] = {}
+    for e in executions:
+        first, last = spans.get(e["job_id"], (e["started_at"], e["ended_at"]))
+        spans[e["job_id"]] = (min(first, e["started_at"]), max(last, e["ended_at"]))
+    groups: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for r in tables["job_history"]:
+        if r["kind"] in grouped_kinds:
+            args = r["args"] if isinstance(r["args"], dict) else json.loads(r["args"])
+            groups[args["group"]].append((r["priority"], r["id"]))
+    disorder = []
+    for group, members in groups.items():
+        ordered = [job_id for _, job_id in sorted(members) if job_id in spans]
+        for a, b in itertools.pairwise(ordered):
+            if spans[b][0] < spans[a][1]:
+                disorder.append(
+                    f"group {group}: job {b} started {spans[b][0]:%H:%M:%S.%f} before job "
+                    f"{a} ended {spans[a][1]:%H:%M:%S.%f}"
+                )
+    v.fail("group member started before the one ahead of it ended", disorder)
+    if groups:
+        v.notes.append(f"{len(groups)} groups, {sum(map(len, groups.values()))} jobs in order")
+
+
+def most_at_once(runs: list[tuple[datetime, datetime]]) -> tuple[int, datetime | None]:
+    """The most intervals overlapping at one instant, and when (an end frees its place
+    before a start at the same instant)."""
+    events = sorted([(s, 1) for s, _ in runs] + [(e, -1) for _, e in runs])
+    most, current, when = 0, 0, None
+    for at, step in events:
+        current += step
+        if current > most:
+            most, when = current, at
+    return most, when

@@ -48,6 +48,42 @@ def swap_mix(rng: random.Random, n: int) -> tuple[str, dict[str, Any]]:
     return plain_mix(rng, n)
 
 
+# The `limits` scenario's queues: what invariants.check_limits holds the ledger to.
+LIMITED_CONCURRENCY = 4
+LIMITED_RATE = (40, 1.0)  # starts per window (s)
+LIMITS_QUEUES = f"""
+[queues.limited]
+concurrency = 6
+processes = 2
+max_attempts = 25
+backoff_base = "10ms"
+backoff_max = "200ms"
+global_concurrency = {LIMITED_CONCURRENCY}
+rate_limit = "{LIMITED_RATE[0]}/{LIMITED_RATE[1]:g}s"
+
+[queues.grouped]
+concurrency = 8
+processes = 2
+max_attempts = 25
+backoff_base = "10ms"
+backoff_max = "200ms"
+"""
+
+
+def limits_mix(rng: random.Random, n: int) -> tuple[str, dict[str, Any]]:
+    """Jobs of a queue with a global concurrency and a rate limit, jobs in 8 ordered
+    groups (some heads fail once), and plain work."""
+    x = rng.random()
+    if x < 0.45:
+        return "chaos_limited", {"ms": rng.randint(20, 150)}
+    if x < 0.85:
+        args: dict[str, Any] = {"ms": rng.randint(5, 60), "group": f"g{rng.randint(0, 7)}"}
+        if rng.random() < 0.05:
+            args["fail_once"] = True
+        return "chaos_grouped", args
+    return plain_mix(rng, n)
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -58,6 +94,7 @@ class Scenario:
     # Failed-attempt outcomes this scenario's faults may charge to an attempt that no
     # handler started (see invariant 8); none for faults a member must absorb cleanly.
     unstarted_ok: frozenset[str] = field(default_factory=frozenset)
+    queues: str = ""  # more [queues.*] tables for the members' config
 
 
 async def _pause(run: Run, low: float, high: float) -> bool:
@@ -248,6 +285,30 @@ async def terminate_backends(run: Run) -> None:
             await run.fault("terminate-backend", f"{name!r} backends {victims}", inject)
 
 
+async def limits_faults(run: Run) -> None:
+    """kill -9 of members and of the leader, and SIGHUP storms, in seeded turns, while
+    limited and grouped jobs flow."""
+    while await _pause(run, 1.0, 3.0):
+        x = run.rng.random()
+        if x < 0.35:
+            members = run.live_members()
+            if members:
+                await _kill_and_restart(run, run.rng.choice(members), "kill-9-member")
+        elif x < 0.55:
+            leader = await run.leader_member(within_s=10)
+            if leader is not None:
+                await _kill_and_restart(run, leader, "kill-9-leader")
+        else:
+            targets = run.live_members()
+
+            async def inject(ms: list[Member] = targets) -> None:
+                for m in ms:
+                    with contextlib.suppress(ProcessLookupError):
+                        m.process.send_signal(signal.SIGHUP)
+
+            await run.fault("sighup", ",".join(str(m.pid) for m in targets), inject)
+
+
 async def bad_handlers(run: Run) -> None:
     """No outside fault: the nasty workload mix (crash, hang, fail, past the lease,
     poison) is the fault."""
@@ -336,6 +397,14 @@ SCENARIOS: dict[str, Scenario] = {
             expected_dead=frozenset({"chaos_poison"}),
             # a neighbour sent to a worker that a poison pill or a hang then took down
             unstarted_ok=frozenset({"crashed", "timeout"}),
+        ),
+        Scenario(
+            "limits",
+            "global concurrency, rate limit and ordered groups under kill -9 and SIGHUP",
+            limits_faults,
+            mix=limits_mix,
+            unstarted_ok=frozenset({"lease_expired"}),
+            queues=LIMITS_QUEUES,
         ),
         Scenario(
             "long-transaction",

@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from pgjobd.client import Client, JobInfo, JobSpec, SyncClient
-    from pgjobd.errors import DuplicateJob, EnqueueError, PgjobdError
+    from pgjobd.errors import DuplicateJob, EnqueueError, PgjobdError, QueueFull
     from pgjobd.handler_api import Discard, JobContext, Retry, Snooze, job
 
 _LAZY = {
@@ -25,6 +25,7 @@ _LAZY = {
     "DuplicateJob": "pgjobd.errors",
     "EnqueueError": "pgjobd.errors",
     "PgjobdError": "pgjobd.errors",
+    "QueueFull": "pgjobd.errors",
     "Discard": "pgjobd.handler_api",
     "JobContext": "pgjobd.handler_api",
     "Retry": "pgjobd.handler_api",
@@ -41,6 +42,7 @@ __all__ = [
     "JobInfo",
     "JobSpec",
     "PgjobdError",
+    "QueueFull",
     "Retry",
     "Snooze",
     "SyncClient",

@@ -27,11 +27,13 @@ import msgspec
 
 from pgjobd import cron_schedule
 from pgjobd.errors import PgjobdError
+from pgjobd.flow import RateLimit
 from pgjobd.leader import unsigned
 from pgjobd.lock_keys import LEADER, lock_key
 from pgjobd.names import queue_name_problem
 from pgjobd.queries import Queries, for_schema
 from pgjobd.roles import cron as cron_role
+from pgjobd.statements.admin import QueueStatusRow
 
 Db: TypeAlias = asyncpg.Connection | asyncpg.Pool
 
@@ -103,6 +105,15 @@ class LeaderStatus(msgspec.Struct, frozen=True):
     term: int
 
 
+class QueueLimits(msgspec.Struct, frozen=True):
+    """A queue's fleet-wide limits (contract §9), and the running count they cap."""
+
+    global_concurrency: int | None
+    running: int
+    rate_limit: str | None  # "N/DURATION"
+    max_depth: int | None
+
+
 class QueueStatus(msgspec.Struct, frozen=True):
     available: int
     scheduled: int
@@ -112,6 +123,7 @@ class QueueStatus(msgspec.Struct, frozen=True):
     paused: bool
     dead_last_hour: int
     throughput_per_s: float
+    limited: QueueLimits
 
 
 class Status(msgspec.Struct, frozen=True):
@@ -328,8 +340,20 @@ async def status(db: Db, schema: str, *, liveness: timedelta = MEMBER_LIVENESS) 
         )
         for r in member_rows
     ]
-    queues = {r.queue: msgspec.convert(r._asdict(), QueueStatus) for r in queue_rows}
+    queues = {r.queue: _queue_status(r) for r in queue_rows}
     return Status(members=members, leader=leader, queues=queues)
+
+
+def _queue_status(row: QueueStatusRow) -> QueueStatus:
+    record = row._asdict()
+    starts, window = record.pop("rate_limit"), record.pop("rate_window")
+    record["limited"] = {
+        "global_concurrency": record.pop("global_concurrency"),
+        "running": row.running,
+        "rate_limit": None if starts is None else str(RateLimit(starts, window)),
+        "max_depth": record.pop("max_depth"),
+    }
+    return msgspec.convert(record, QueueStatus)
 
 
 # -- jobs --------------------------------------------------------------------------------

@@ -104,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tenant")
     p.add_argument("--unique-key")
     p.add_argument("--max-attempts", type=int)
+    p.add_argument("--group", help="an ordered group: its jobs run one at a time, in order")
     p.set_defaults(command=_enqueue)
 
     _admin_parsers(sub, common)
@@ -235,7 +236,7 @@ def _enqueue(args: argparse.Namespace) -> int:
             job_id = await client.enqueue(
                 args.kind, job_args, queue=args.queue, priority=args.priority,
                 delay=args.delay, run_at=run_at, tenant=args.tenant,
-                unique_key=args.unique_key, max_attempts=args.max_attempts,
+                unique_key=args.unique_key, max_attempts=args.max_attempts, group=args.group,
             )  # fmt: skip
         finally:
             await pool.close()
@@ -388,13 +389,24 @@ async def _status(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) -> 
     rows = [
         [name, str(s.available), str(s.scheduled), str(s.running), str(s.retryable),
          str(s.dead_last_hour), _age(s.oldest_available_age_s), f"{s.throughput_per_s:.2f}",
-         "PAUSED" if s.paused else ""]
+         "PAUSED" if s.paused else "", _limits(s.limited)]
         for name, s in status.queues.items()
     ]  # fmt: skip
     headers = ["QUEUE", "AVAILABLE", "SCHEDULED", "RUNNING", "RETRYABLE", "DEAD/1H",
-               "OLDEST", "JOBS/S", "PAUSED"]  # fmt: skip
+               "OLDEST", "JOBS/S", "PAUSED", "LIMITS"]  # fmt: skip
     _table(headers, rows)
     return EXIT_OK
+
+
+def _limits(limits: admin.QueueLimits) -> str:
+    parts = []
+    if limits.global_concurrency is not None:
+        parts.append(f"running {limits.running}/{limits.global_concurrency}")
+    if limits.rate_limit is not None:
+        parts.append(f"rate {limits.rate_limit}")
+    if limits.max_depth is not None:
+        parts.append(f"max_depth {limits.max_depth}")
+    return ", ".join(parts)
 
 
 async def _jobs_list(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) -> int:

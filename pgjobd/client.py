@@ -22,7 +22,7 @@ import msgspec
 from pgjobd import admin, errors, migrate
 from pgjobd.config import MAX_ARGS_BYTES
 from pgjobd.duration import to_timedelta
-from pgjobd.errors import DuplicateJob, EnqueueError
+from pgjobd.errors import DuplicateJob, EnqueueError, QueueFull
 from pgjobd.handler_api import ArgsError, DurationLike, validate_args
 from pgjobd.handler_loader import Registry
 from pgjobd.names import kind_name_problem, queue_name_problem, schema_name_problem
@@ -34,6 +34,7 @@ from pgjobd.statements.job import EnqueueRow
 MAX_ARGS_DEPTH = 100  # no value at nesting level 100 (the args object is level 0)
 MAX_UNIQUE_KEY_BYTES = 512
 MAX_TENANT_BYTES = 256
+MAX_GROUP_KEY_BYTES = 512
 MAX_KIND_CHARS = 128
 MAX_MAX_ATTEMPTS = 2**31 - 1
 EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
@@ -45,6 +46,7 @@ T = TypeVar("T")
 _STAGE = "pgjobd_enqueue_stage"
 _STAGE_COLUMNS = (
     "ord", "kind", "args", "queue", "priority", "run_at", "delay", "tenant", "max_attempts",
+    "group_key",
 )  # fmt: skip
 _json_encoder = msgspec.json.Encoder()
 # A "\u0000" escape in JSON text: preceded by an even number of backslashes (an odd
@@ -65,6 +67,7 @@ class JobSpec(msgspec.Struct, frozen=True):
     tenant: str | None = None
     unique_key: str | None = None
     max_attempts: int | None = None
+    group: str | None = None
 
 
 class JobError(msgspec.Struct, frozen=True):
@@ -107,6 +110,7 @@ class _Checked(NamedTuple):
     tenant: str | None
     unique_key: str | None
     max_attempts: int | None
+    group: str | None
 
 
 class Client:
@@ -192,16 +196,19 @@ class Client:
         max_attempts: int | None = None,
         on_conflict: OnConflict = "return",
         conn: asyncpg.Connection | None = None,
+        group: str | None = None,
     ) -> int:
         """Enqueue one job and return its id.
 
         A live job with the same unique_key makes this return that job's id without
         writing anything (or raise DuplicateJob with ``on_conflict="raise"``). With
-        ``conn``, the job is written in that connection's current transaction.
+        ``conn``, the job is written in that connection's current transaction. Jobs
+        of one ``group`` (in one queue) run one at a time, in (priority, id) order.
+        QueueFull when the queue holds its max_depth of live jobs.
         """
         spec = JobSpec(kind, {} if args is None else args, queue=queue, priority=priority,
                        delay=delay, run_at=run_at, tenant=tenant, unique_key=unique_key,
-                       max_attempts=max_attempts)  # fmt: skip
+                       max_attempts=max_attempts, group=group)  # fmt: skip
         job = self._check(spec, position=None)
         _check_on_conflict(on_conflict)
         await self.check_schema()
@@ -209,7 +216,7 @@ class Client:
             conn,
             lambda c: self._q.job_enqueue(
                 c, job.kind, job.args_json, job.queue, job.priority, job.run_at, job.tenant,
-                job.unique_key, job.max_attempts, job.delay, on_conflict,
+                job.unique_key, job.max_attempts, job.delay, on_conflict, job.group,
             ),
         )  # fmt: skip
 
@@ -226,6 +233,7 @@ class Client:
         max_attempts: int | None = None,
         on_conflict: OnConflict = "return",
         conn: asyncpg.Connection | None = None,
+        group: str | None = None,
     ) -> list[int]:
         """Enqueue many jobs in one transaction; returns their ids in input order.
 
@@ -237,6 +245,7 @@ class Client:
             for name, value in (
                 ("queue", queue), ("priority", priority), ("delay", delay), ("run_at", run_at),
                 ("tenant", tenant), ("unique_key", unique_key), ("max_attempts", max_attempts),
+                ("group", group),
             )
             if value is not None
         }  # fmt: skip
@@ -252,7 +261,8 @@ class Client:
                 args_json = self._encode_args(kind, {} if args is None else args, position)
                 checked.append(
                     _Checked(kind, args_json, shared.queue, shared.priority, shared.delay,
-                             shared.run_at, shared.tenant, shared.unique_key, shared.max_attempts)
+                             shared.run_at, shared.tenant, shared.unique_key, shared.max_attempts,
+                             shared.group)
                 )  # fmt: skip
             else:
                 spec = _with_defaults(_as_spec(item, position), defaults)
@@ -354,7 +364,7 @@ class Client:
     ) -> list[int]:
         rows = [
             EnqueueRow(j.kind, j.args_json, j.queue, j.priority, j.run_at, j.delay, j.tenant,
-                       j.unique_key, j.max_attempts)
+                       j.unique_key, j.max_attempts, j.group)
             for j in jobs
         ]  # fmt: skip
         return await self._run(conn, lambda c: self._q.job_enqueue_many(c, rows, on_conflict))
@@ -374,7 +384,7 @@ class Client:
         await self._q.job_stage_create(conn)
         records = [
             (ord_, j.kind, j.args_json, j.queue, j.priority, j.run_at, j.delay, j.tenant,
-             j.max_attempts)
+             j.max_attempts, j.group)
             for ord_, j in enumerate(jobs, start=1)
         ]  # fmt: skip
         await conn.copy_records_to_table(
@@ -384,6 +394,8 @@ class Client:
             return await self._q.job_enqueue_staged(conn)
         except asyncpg.CheckViolationError as e:
             raise EnqueueError(f"the database rejected a job: {e}") from None
+        except asyncpg.PostgresError as e:
+            raise _translated(e) from None
 
     async def _run(
         self, conn: asyncpg.Connection | None, run: Callable[[asyncpg.Connection], Awaitable[T]]
@@ -465,6 +477,8 @@ def _translated(error: asyncpg.PostgresError) -> Exception:
         detail = getattr(error, "detail", None) or "0"
         key = message.split("'")[1] if "'" in message else ""
         return DuplicateJob(key, int(detail))
+    if error.sqlstate == errors.SQLSTATE_QUEUE_FULL:
+        return QueueFull(message)
     if error.sqlstate in errors.ENQUEUE_SQLSTATES:
         return EnqueueError(message)
     return error  # type: ignore[no-any-return]  # asyncpg is untyped
@@ -541,8 +555,12 @@ def _checked_options(spec: JobSpec, reject: Callable[[str], EnqueueError]) -> _C
         problem := _text_problem("tenant", spec.tenant, MAX_TENANT_BYTES)
     ):
         raise reject(problem)
+    if spec.group is not None and (
+        problem := _text_problem("group", spec.group, MAX_GROUP_KEY_BYTES)
+    ):
+        raise reject(problem)
     return _Checked("", "", spec.queue, spec.priority, delay, spec.run_at,
-                    spec.tenant, spec.unique_key, spec.max_attempts)  # fmt: skip
+                    spec.tenant, spec.unique_key, spec.max_attempts, spec.group)  # fmt: skip
 
 
 def _rejecter(position: int | None) -> Callable[[str], EnqueueError]:

@@ -30,6 +30,7 @@ from pgjobd.cron_schedule import CatchUp
 from pgjobd.duration import EXAMPLES as DURATION_EXAMPLES
 from pgjobd.duration import Duration, parse_duration
 from pgjobd.errors import ConfigError
+from pgjobd.flow import RateLimit, parse_rate_limit
 from pgjobd.names import kind_name_problem, queue_name_problem, schema_name_problem
 
 DEFAULT_QUEUE = "default"
@@ -151,16 +152,30 @@ class QueueConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     # resident memory ("" or "0": no limit), finishes its jobs and is replaced.
     max_jobs_per_process: Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)] = 0
     max_rss: str = ""
+    # Fleet-wide flow control (contract §9), stored in the queue table when a member
+    # starts or reloads: the last writer wins. None: no limit.
+    global_concurrency: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] | None = None
+    rate_limit: str | None = None  # "N/DURATION"
+    max_depth: Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)] | None = None
 
     @property
     def max_rss_bytes(self) -> int:
         return parse_size(self.max_rss)
+
+    @property
+    def rate(self) -> RateLimit | None:
+        return None if self.rate_limit is None else parse_rate_limit(self.rate_limit)
 
     def __post_init__(self) -> None:
         try:
             parse_size(self.max_rss)
         except ValueError as e:
             raise FieldProblem("max_rss", str(e)) from None
+        if self.rate_limit is not None:
+            try:
+                parse_rate_limit(self.rate_limit)
+            except ValueError as e:
+                raise FieldProblem("rate_limit", str(e)) from None
         if self.processes > self.concurrency:
             raise FieldProblem(
                 "processes",

@@ -57,6 +57,7 @@ from pgjobd.notifier import Notifier
 from pgjobd.queries import Queries, for_schema
 from pgjobd.roles import Role
 from pgjobd.roles.cron import CronTicker
+from pgjobd.roles.depth_counter import DepthCounter
 from pgjobd.roles.horizon import HorizonWatchdog
 from pgjobd.roles.partitions import PartitionRotator
 from pgjobd.roles.queue_stats import QueueStats
@@ -84,6 +85,7 @@ def leader_roles() -> list[Role]:
         Reindexer(),
         HorizonWatchdog(),
         QueueStats(),
+        DepthCounter(),
     ]
 
 

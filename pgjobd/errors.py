@@ -30,12 +30,17 @@ class DuplicateJob(EnqueueError):
         self.existing_id = existing_id
 
 
+class QueueFull(EnqueueError):
+    """The queue holds its max_depth of live jobs (contract §9); nothing was written."""
+
+
 # SQLSTATEs raised by pgjobd's SQL functions (class "PJ" is not used by PostgreSQL).
 SQLSTATE_ARGS_TOO_LARGE = "PJ001"
 SQLSTATE_ARGS_NOT_OBJECT = "PJ002"
 SQLSTATE_INVALID_QUEUE = "PJ003"
 SQLSTATE_INVALID_OPTION = "PJ004"
 SQLSTATE_DUPLICATE_JOB = "PJ005"
+SQLSTATE_QUEUE_FULL = "PJ006"
 ENQUEUE_SQLSTATES = frozenset(
     {
         SQLSTATE_ARGS_TOO_LARGE,

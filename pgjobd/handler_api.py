@@ -15,6 +15,7 @@ import msgspec
 
 from pgjobd.duration import to_timedelta
 from pgjobd.errors import PgjobdError
+from pgjobd.flow import RateLimit, parse_rate_limit
 from pgjobd.names import kind_name_problem, queue_name_problem
 
 HANDLER_ATTRIBUTE = "__pgjobd_handler__"
@@ -39,6 +40,9 @@ class HandlerSpec:
     is_async: bool
     takes_ctx: bool
     source: str
+    # Fleet-wide limits of the kind (contract §9), None: no limit.
+    global_concurrency: int | None = None
+    rate_limit: RateLimit | None = None
 
     @property
     def name(self) -> str:
@@ -65,6 +69,8 @@ def job(
     timeout: DurationLike | None = None,
     priority: int | None = None,
     discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+    global_concurrency: int | None = None,
+    rate_limit: str | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -78,6 +84,8 @@ def job(
     timeout: DurationLike | None = None,
     priority: int | None = None,
     discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+    global_concurrency: int | None = None,
+    rate_limit: str | None = None,
 ) -> F | Callable[[F], F]:
     """Register a function as the handler of a job kind (its name unless `kind` is given).
 
@@ -94,6 +102,8 @@ def job(
             timeout=timeout,
             priority=priority,
             discard_on=discard_on,
+            global_concurrency=global_concurrency,
+            rate_limit=rate_limit,
         )
         setattr(fn, HANDLER_ATTRIBUTE, spec)
         return fn
@@ -112,6 +122,8 @@ def _build_spec(
     timeout: DurationLike | None,
     priority: int | None,
     discard_on: type[BaseException] | tuple[type[BaseException], ...],
+    global_concurrency: int | None = None,
+    rate_limit: str | None = None,
 ) -> HandlerSpec:
     if not inspect.isfunction(fn):
         raise TypeError(f"@job decorates functions, not {fn!r}")
@@ -142,6 +154,18 @@ def _build_spec(
             raise ValueError(f"{where}: timeout: {e}") from None
         if timeout_s <= 0:
             raise ValueError(f"{where}: timeout must be more than 0, not {timeout!r}")
+    if global_concurrency is not None and not (
+        _is_int(global_concurrency) and 1 <= global_concurrency <= 2**31 - 1
+    ):
+        raise ValueError(
+            f"{where}: global_concurrency must be an int >= 1, not {global_concurrency!r}"
+        )
+    rate = None
+    if rate_limit is not None:
+        try:
+            rate = parse_rate_limit(rate_limit)
+        except ValueError as e:
+            raise ValueError(f"{where}: rate_limit: {e}") from None
     discard_on = discard_on if isinstance(discard_on, tuple) else (discard_on,)
     for exc_type in discard_on:
         if not (isinstance(exc_type, type) and issubclass(exc_type, BaseException)):
@@ -160,6 +184,8 @@ def _build_spec(
         is_async=inspect.iscoroutinefunction(fn),
         takes_ctx=takes_ctx,
         source=inspect.unwrap(fn).__code__.co_filename,
+        global_concurrency=global_concurrency,
+        rate_limit=rate,
     )
 
 

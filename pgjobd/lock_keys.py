@@ -12,6 +12,9 @@ import zlib
 # Purposes: arbitrary constants, spelled "pgj" + a digit so they stand out in pg_locks.
 MIGRATE = 0x70676A01
 LEADER = 0x70676A02
+# Flow control's per-scope claim locks, taken in SQL only (flow_lock, migration 0007):
+# (FLOW, hashtext(schema || ' ' || scope)), transaction-scoped.
+FLOW = 0x70676A03
 
 
 def lock_key(purpose: int, schema: str) -> tuple[int, int]:

@@ -59,6 +59,12 @@ JOBS_CLAIMED = Counter(
     "pgjobd_jobs_claimed_total", "Jobs claimed by this member (each attempt once).",
     ["queue", "kind"], registry=REGISTRY,
 )  # fmt: skip
+JOBS_THROTTLED = Counter(
+    "pgjobd_jobs_throttled_total",
+    "Claims by this member that a fleet-wide limit held back while jobs were available "
+    "(limit: global_concurrency, rate_limit, kind_global_concurrency, kind_rate_limit).",
+    ["queue", "limit"], registry=REGISTRY,
+)  # fmt: skip
 JOBS_COMPLETED = Counter(
     "pgjobd_jobs_completed_total", "Jobs whose handler returned, as recorded.",
     ["queue", "kind"], registry=REGISTRY,
@@ -246,6 +252,11 @@ def record_claim(queue: str, seconds: float, kinds: Sequence[str], waits: Sequen
     wait = JOB_WAIT.labels(queue)
     for seconds_waited in waits:
         wait.observe(max(0.0, seconds_waited))
+
+
+def record_throttled(queue: str, limits: Sequence[str]) -> None:
+    for limit in limits:
+        JOBS_THROTTLED.labels(queue, limit).inc()
 
 
 def set_leader(leading: bool, term: int) -> None:

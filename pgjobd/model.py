@@ -63,3 +63,5 @@ class KindInfo(msgspec.Struct, frozen=True):
     priority: int | None
     max_attempts: int | None
     timeout_s: float | None
+    global_concurrency: int | None = None
+    rate_limit: str | None = None  # "N/DURATION", as flow.RateLimit writes it

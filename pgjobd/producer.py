@@ -5,6 +5,15 @@ It claims only when a slot is free and the completer is keeping up. Between clai
 waits for a NOTIFY wake-up or, failing that, polls with an interval that doubles while
 the queue stays empty (up to MAX_POLL_S) and drops back as soon as work turns up.
 
+Queues without flow control claim with `job_claim`, the statement of an unlimited
+queue. A queue with fleet-wide limits or groups (its own, or any kind's) claims with
+`job_claim_flow`; `job_claim` refuses such a queue, so a producer that has not noticed a
+new limit claims nothing rather than too much. The producer reads which one applies
+(`queue_flow_get`) at its first claim, and again at most every FLOW_RECHECK_S after a
+claim that came back short. While a limit holds jobs back, it claims again when one of
+its own jobs ends, or after MIN_POLL_S (another member's job ending frees room too, and
+nothing announces that).
+
 A claim and the hand-over of what it claimed are one step that cancellation does not
 split: once `job_claim` may have committed, the jobs reach the workers (or are given
 back by them). Cancelling the producer (a drain, a reload retiring its workers) ends
@@ -14,6 +23,7 @@ its loops between claims; a claim in flight runs to its end, bounded by `stop()`
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -37,6 +47,10 @@ MAX_POLL_S = 1.0
 # When every slot was filled last time, wait this long for more slots to free up so
 # that one claim statement serves several jobs instead of one each.
 BATCH_WINDOW_S = 0.002
+FLOW_RECHECK_S = 1.0
+# After one of this member's jobs ended under a limit: time for the completer to record
+# it (it flushes within 5 ms) before claiming its place.
+ROOM_SETTLE_S = 0.01
 
 
 class Workers(Protocol):
@@ -71,6 +85,9 @@ class Producer:
         self._stop_by: float | None = None
         self.claim_seconds: list[float] = []  # recent claim durations, for metrics
         self.claimed = 0
+        self.flow: bool | None = None  # claims through job_claim_flow; None: not read yet
+        self._flow_read_at = -math.inf
+        self.throttled = False  # the last claim was held back by a limit
 
     async def run(self) -> None:
         """Run CLAIMERS claim loops. Two loops overlap one claim's round trip with the
@@ -137,14 +154,29 @@ class Producer:
             saturated = len(jobs) == limit
             if jobs:
                 poll_s = MIN_POLL_S
-            if not saturated:
+            if self.throttled:
+                await self._wait_for_room()
+            elif not saturated:
                 await self.wakeup.wait(poll_s)
                 poll_s = min(poll_s * 2, MAX_POLL_S)
 
     async def claim(self, limit: int) -> list[ClaimedJob]:
         started = time.perf_counter()
         async with db.acquire(self.pool) as conn:
-            rows = await self.q.job_claim(conn, self.queue, limit, self.member_id, self.lease)
+            if self.flow is None:
+                await self._read_flow(conn)
+            if self.flow:
+                flow_rows = await self.q.job_claim_flow(
+                    conn, self.queue, limit, self.member_id, self.lease
+                )
+                held = [row.held_by for row in flow_rows if row.id is None]
+                rows = [row.claim_row() for row in flow_rows if row.id is not None]
+                self.throttled = bool(held)
+                metrics.record_throttled(self.queue, [h for h in held if h is not None])
+            else:
+                rows = await self.q.job_claim(conn, self.queue, limit, self.member_id, self.lease)
+            if len(rows) < limit and time.monotonic() - self._flow_read_at >= FLOW_RECHECK_S:
+                await self._read_flow(conn)
         seconds = time.perf_counter() - started
         self.claim_seconds.append(seconds)
         if len(self.claim_seconds) > 1000:
@@ -154,3 +186,23 @@ class Producer:
             self.queue, seconds, [row.kind for row in rows], [row.waited_s for row in rows]
         )
         return [row.claimed_job() for row in rows]
+
+    async def _wait_for_room(self) -> None:
+        """A limit held the last claim back. Room comes back when a running job ends:
+        one of ours (a slot frees here; its outcome reaches the database one completer
+        flush later) or another member's (nothing announces that: poll)."""
+        with anyio.move_on_after(MIN_POLL_S):
+            await self.workers.wait_changed()
+            await anyio.sleep(ROOM_SETTLE_S)
+
+    async def _read_flow(self, conn: asyncpg.Connection) -> None:
+        flow = bool(await self.q.queue_flow_get(conn, self.queue))
+        self._flow_read_at = time.monotonic()
+        if flow != self.flow and (flow or self.flow is not None):
+            self.throttled = False
+            log.info(
+                "queue %s claims %s", self.queue,
+                "under flow control" if flow else "without flow control",
+                extra={"event": "producer.flow_changed", "queue": self.queue, "flow": flow},
+            )  # fmt: skip
+        self.flow = flow

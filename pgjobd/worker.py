@@ -148,6 +148,8 @@ def kind_info(spec: HandlerSpec) -> KindInfo:
         priority=spec.priority,
         max_attempts=spec.max_attempts,
         timeout_s=spec.timeout_s,
+        global_concurrency=spec.global_concurrency,
+        rate_limit=None if spec.rate_limit is None else str(spec.rate_limit),
     )
 
 

@@ -32,6 +32,26 @@ async def chaos_work(args: dict[str, Any], ctx: JobContext) -> int:
     return ctx.attempt
 
 
+@job(queue="limited", max_attempts=25)
+async def chaos_limited(args: dict[str, Any], ctx: JobContext) -> int:
+    """chaos_work in the `limits` scenario's queue with a global_concurrency and a
+    rate_limit."""
+    return await chaos_work(args, ctx)
+
+
+@job(queue="grouped", max_attempts=25)
+async def chaos_grouped(args: dict[str, Any], ctx: JobContext) -> int:
+    """chaos_work for jobs enqueued in ordered groups (args "group"); fails its first
+    attempt when args "fail_once" is set (a retrying head keeps its place)."""
+    started = await handler_started(ctx)
+    await asyncio.sleep(float(args.get("ms", 10)) / 1000)
+    if args.get("fail_once") and ctx.attempt == 1:
+        await ledger(ctx, _n(args), started, "raised")
+        raise RuntimeError("chaos: a group head fails once")
+    await ledger(ctx, _n(args), started, "ok")
+    return ctx.attempt
+
+
 @job(max_attempts=25)
 async def chaos_raise_once(args: dict[str, Any], ctx: JobContext) -> int:
     """Fails its first attempt (an ordinary exception), succeeds after."""

@@ -4,9 +4,13 @@ finishes the jobs it holds, and goes."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import anyio
+import asyncpg
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
@@ -15,12 +19,16 @@ from pgjobd import log as pgjobd_log
 from pgjobd.completer import Completer
 from pgjobd.config import DEFAULT_QUEUE, Config, QueueConfig
 from pgjobd.errors import ConfigError, PgjobdError, SchemaError
+from pgjobd.flow import RateLimit, parse_rate_limit
 from pgjobd.member import HeldJobs, MemberContext, watched
 from pgjobd.model import KindInfo, Outcome
 from pgjobd.notifier import Notifier
 from pgjobd.producer import Producer
-from pgjobd.statements.member import KindDeclared
+from pgjobd.queries import Queries
+from pgjobd.statements.member import KindDeclared, QueueLimits
 from pgjobd.supervisor import QueueWorkers
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -138,20 +146,24 @@ class Generations:
         self.workers_tg.start_soon(self._retire, generation)
 
     async def declare(self, generation: Generation) -> None:
-        """Record each kind's effective defaults, for enqueues that name only the kind."""
+        """Record each kind's effective defaults and limits (for enqueues that name only
+        the kind, and for every claim), and this config's queue limits fleet-wide."""
         rows = []
         queues = generation.config.queues
         for info in generation.kinds:
             queue = info.queue or DEFAULT_QUEUE
             queue_config: QueueConfig = queues.get(queue, queues[DEFAULT_QUEUE])
+            rate = None if info.rate_limit is None else parse_rate_limit(info.rate_limit)
             rows.append(KindDeclared(
                 info.kind, queue, info.priority or 0,
                 info.max_attempts or queue_config.max_attempts,
                 info.timeout_s or queue_config.timeout.total_seconds(),
+                info.global_concurrency, rate and rate.starts, rate and rate.window,
             ))  # fmt: skip
-        if rows:
-            async with db.acquire(self.ctx.pool) as conn:
+        async with db.acquire(self.ctx.pool) as conn:
+            if rows:
                 await self.ctx.queries.kind_declare_many(conn, rows, self.ctx.member_id)
+            await write_queue_limits(conn, self.ctx.queries, queues, self.ctx.member_id)
 
     async def _run_workers(
         self, generation: Generation, *, task_status: TaskStatus[list[KindInfo]]
@@ -187,6 +199,46 @@ class Generations:
         for queue_workers in generation.workers.values():
             await queue_workers.wait_idle()
         generation.worker_scope.cancel()
+
+
+async def write_queue_limits(
+    conn: asyncpg.Connection, queries: Queries, queues: Mapping[str, QueueConfig], member_id: str
+) -> None:
+    """Write these queues' fleet-wide limits (the last member to start or reload wins),
+    log where that overrode another member's, and recount a max_depth's estimate."""
+    names = sorted(queues)
+    rates = [queues[name].rate for name in names]
+    limits = [
+        QueueLimits(name, queues[name].global_concurrency, rate and rate.starts,
+                    rate and rate.window, queues[name].max_depth)
+        for name, rate in zip(names, rates, strict=True)
+    ]  # fmt: skip
+    for row in await queries.queue_limits_write(conn, limits, member_id):
+        name = row.name
+        before = _limits_text(row.global_concurrency, row.rate_limit, row.rate_window,
+                              row.max_depth)  # fmt: skip
+        config = queues[name]
+        now = _limits_text(config.global_concurrency, config.rate and config.rate.starts,
+                           config.rate and config.rate.window, config.max_depth)  # fmt: skip
+        log.warning(
+            "queue %s: this member's limits (%s) replace those member %s wrote (%s); "
+            "the last member to start or reload wins fleet-wide", name, now,
+            row.limits_by, before,
+            extra={"event": "flow.limits_disagree", "queue": name,
+                   "other_member": row.limits_by, "limits": now, "previous": before},
+        )  # fmt: skip
+    if any(queues[name].max_depth is not None for name in names):
+        await queries.queue_depth_recount(conn, names)
+
+
+def _limits_text(
+    global_concurrency: int | None,
+    starts: int | None,
+    window: timedelta | None,
+    max_depth: int | None,
+) -> str:
+    rate = None if starts is None or window is None else str(RateLimit(starts, window))
+    return f"global_concurrency={global_concurrency}, rate_limit={rate}, max_depth={max_depth}"
 
 
 def most_telling(group: BaseExceptionGroup[BaseException]) -> BaseException:

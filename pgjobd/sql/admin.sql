@@ -39,7 +39,7 @@ LIMIT 1;
 -- name: admin_status_queues
 -- Per queue: live counts by state, the oldest available job's age (s, NULL when none
 -- is available), paused, dead jobs of the last hour and completions per second over
--- the last minute. Lists every queue that has live jobs, is served by a live member
+-- the last minute, and its fleet-wide limits (migration 0007; NULL: none). Lists every queue that has live jobs, is served by a live member
 -- (heartbeat within $1), finished jobs in the last hour, or is paused.
 -- $1 liveness (interval)
 WITH live AS (
@@ -76,7 +76,8 @@ SELECT n.queue,
        END AS oldest_available_age_s,
        coalesce(q.paused, false) AS paused,
        coalesce(f.dead_last_hour, 0) AS dead_last_hour,
-       coalesce(f.completed_last_minute, 0) / 60.0::float8 AS throughput_per_s
+       coalesce(f.completed_last_minute, 0) / 60.0::float8 AS throughput_per_s,
+       q.global_concurrency, q.rate_limit, q.rate_window, q.max_depth
 FROM named AS n
 LEFT JOIN live AS l USING (queue)
 LEFT JOIN finished AS f USING (queue)

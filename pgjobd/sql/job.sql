@@ -4,17 +4,18 @@
 -- One job through the SQL function; the args travel as JSON text, so the size limit
 -- applies to exactly what was sent.
 -- $1 kind, $2 args (JSON text), $3 queue, $4 priority, $5 run_at, $6 tenant,
--- $7 unique_key, $8 max_attempts, $9 delay, $10 on_conflict
+-- $7 unique_key, $8 max_attempts, $9 delay, $10 on_conflict, $11 group_key
 SELECT {{schema}}.enqueue($1, $2::text::jsonb, $3, $4, $5, $6, $7, $8, $9, $10,
-                          octet_length($2::text));
+                          octet_length($2::text), $11);
 
 -- name: job_enqueue_many
 -- The args travel as JSON text, so the size limit applies to exactly what was sent.
 -- $1 kinds, $2 args (JSON texts), $3 queues, $4 priorities, $5 run_ats, $6 delays,
--- $7 tenants, $8 unique_keys, $9 max_attempts, $10 on_conflict
+-- $7 tenants, $8 unique_keys, $9 max_attempts, $10 group_keys, $11 on_conflict
 SELECT e.id
-FROM {{schema}}.enqueue_many($1, $2::text[]::jsonb[], $3, $4, $5, $6, $7, $8, $9, $10,
-                             ARRAY(SELECT octet_length(t) FROM unnest($2::text[]) AS t)) AS e
+FROM {{schema}}.enqueue_many($1, $2::text[]::jsonb[], $3, $4, $5, $6, $7, $8, $9, $11,
+                             ARRAY(SELECT octet_length(t) FROM unnest($2::text[]) AS t),
+                             $10) AS e
 ORDER BY e.ord;
 
 -- name: job_stage_create
@@ -30,12 +31,14 @@ CREATE TEMP TABLE IF NOT EXISTS pgjobd_enqueue_stage (
     run_at       timestamptz,
     delay        interval,
     tenant       text,
-    max_attempts integer
+    max_attempts integer,
+    group_key    text
 ) ON COMMIT DELETE ROWS;
 
 -- name: job_enqueue_staged
 -- The jobs COPYed into the staging table, inserted with job_defaults
--- (the defaults of enqueue and enqueue_many), ids drawn in that order; wakes the
+-- (the defaults of enqueue and enqueue_many), ids drawn in that order, after
+-- queue_admit admitted them (max_depth, grouped queues) when needed; wakes the
 -- queues of jobs due now. Empties the staging table. Returns the ids in `ord` order.
 -- The client has checked every job as enqueue_many would; the table's checks and
 -- domains still apply.
@@ -45,7 +48,7 @@ WITH staged AS (
 ), resolved AS (
     SELECT o.*, nextval('{{schema}}.job_id_seq') AS id  -- drawn in input order
     FROM (
-        SELECT s.ord, s.kind, s.args, s.tenant, d.*
+        SELECT s.ord, s.kind, s.args, s.tenant, s.group_key, d.*
         FROM staged AS s
         LEFT JOIN {{schema}}.kind AS k ON k.name = s.kind
         CROSS JOIN LATERAL {{schema}}.job_defaults(
@@ -53,13 +56,23 @@ WITH staged AS (
             s.max_attempts) AS d
         ORDER BY s.ord
     ) AS o
+), admitted AS (
+    SELECT {{schema}}.queue_admit(a.queues, a.counts, a.grouped)
+    FROM (SELECT array_agg(g.queue) AS queues, array_agg(g.n) AS counts,
+                 array_agg(g.grouped) AS grouped, bool_or(g.grouped) AS any_grouped
+          FROM (SELECT r.queue, count(*)::integer AS n,
+                       bool_or(r.group_key IS NOT NULL) AS grouped
+                FROM resolved AS r GROUP BY r.queue) AS g) AS a
+    WHERE {{schema}}.queue_admit_needed(a.any_grouped)
 ), inserted AS (
-    -- No RETURNING: the producer role may insert into job but not read it.
+    -- No RETURNING: the producer role may insert into job but not read it. After
+    -- admitted (read here so that it runs first): a refusal writes nothing.
     INSERT INTO {{schema}}.job (id, state, queue, kind, priority, run_at, args, max_attempts,
-                                tenant)
+                                tenant, group_key)
     SELECT r.id, r.state, r.queue, r.kind, r.priority, r.run_at, r.args::jsonb,
-           r.max_attempts, r.tenant
+           r.max_attempts, r.tenant, r.group_key
     FROM resolved AS r
+    WHERE (SELECT count(*) FROM admitted) >= 0
 ), woken AS (
     SELECT pg_notify('{{schema}}.job_ready', q.queue)
     FROM (SELECT DISTINCT r.queue FROM resolved AS r WHERE r.state = 'available') AS q
@@ -98,13 +111,18 @@ ORDER BY a.attempt, a.failed_at;
 -- transaction. The attempt is counted here, before the handler runs, so a job that
 -- kills its worker still uses up attempts. Each claim gets a new fence; the lease
 -- comes from the database clock. A paused queue gives nothing. waited_s: due (run_at)
--- to claimed, on the database clock (for pgjobd_job_wait_seconds).
+-- to claimed, on the database clock (for pgjobd_job_wait_seconds). Neither does a
+-- queue that needs flow control (limits or groups, its own or any kind's): that one
+-- claims through job_claim_flow, and the producer learns which from queue_flow_get.
 -- $1 queue, $2 limit, $3 member id, $4 lease
 WITH picked AS (
     SELECT j.id
     FROM {{schema}}.job AS j
     WHERE j.state = 'available' AND j.queue = $1
-      AND NOT EXISTS (SELECT FROM {{schema}}.queue AS q WHERE q.name = $1 AND q.paused)
+      AND NOT EXISTS (SELECT FROM {{schema}}.queue AS q
+                      WHERE q.name = $1 AND (q.paused OR q.flow))
+      AND NOT EXISTS (SELECT FROM {{schema}}.kind AS k
+                      WHERE k.global_concurrency IS NOT NULL OR k.rate_limit IS NOT NULL)
     ORDER BY j.priority, j.run_at, j.id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -117,6 +135,23 @@ WHERE j.id = picked.id
 RETURNING j.id, j.fence, j.kind, j.queue, j.attempt, j.max_attempts, j.crashes, j.priority,
           j.tenant, j.enqueued_at, j.run_at AS scheduled_at, j.args::text AS args,
           extract(epoch FROM now() - j.run_at)::float8 AS waited_s;
+
+-- name: job_claim_flow
+-- job_claim for a queue with limits or groups (or while any kind has a limit): see the
+-- function in migration 0007. Rows with a NULL id name a limit that held jobs back.
+-- $1 queue, $2 limit, $3 member id, $4 lease
+SELECT c.id, c.fence, c.kind, c.queue, c.attempt, c.max_attempts, c.crashes, c.priority,
+       c.tenant, c.enqueued_at, c.scheduled_at, c.args, c.waited_s, c.held_by
+FROM {{schema}}.job_claim_flow($1, $2, $3, $4::interval) AS c;
+
+-- name: queue_flow_get
+-- Whether queue $1 claims through job_claim_flow (its limits or groups, or any kind's
+-- limit): what the producer checks to choose its claim statement.
+-- $1 queue
+SELECT coalesce((SELECT q.flow FROM {{schema}}.queue AS q WHERE q.name = $1), false)
+       OR EXISTS (SELECT FROM {{schema}}.kind AS k
+                  WHERE k.global_concurrency IS NOT NULL OR k.rate_limit IS NOT NULL)
+       AS flow;
 
 -- name: job_promote_due
 -- Makes due scheduled and retryable jobs available, wakes their queues' producers

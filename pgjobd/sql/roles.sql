@@ -25,15 +25,19 @@ GRANT USAGE ON SCHEMA {{schema}}
 
 GRANT EXECUTE ON FUNCTION
     {{schema}}.enqueue(text, jsonb, text, integer, timestamptz, text, text, integer, interval, text,
-                       integer),
+                       integer, text),
     {{schema}}.enqueue_many(text[], jsonb[], text[], integer[], timestamptz[], interval[], text[],
-                            text[], integer[], text, integer[])
+                            text[], integer[], text, integer[], text[]),
+    -- The client's COPY path admits its batch through this one (max_depth, groups).
+    {{schema}}.queue_admit(text[], integer[], boolean[])
     TO {{schema}}_producer, {{schema}}_admin, {{schema}}_worker;
 GRANT SELECT ON {{schema}}.migration, {{schema}}.kind TO {{schema}}_producer;
+-- queue_admit_needed, on the COPY path: which queues have a max_depth.
+GRANT SELECT (name, max_depth) ON {{schema}}.queue TO {{schema}}_producer;
 -- Only the columns the client's COPY path writes: the rest (attempt, owner, fence,
 -- lease, enqueued_at...) keep their defaults, which every member can work with.
 REVOKE INSERT ON {{schema}}.job FROM {{schema}}_producer;
-GRANT INSERT (id, state, queue, kind, priority, run_at, args, max_attempts, tenant)
+GRANT INSERT (id, state, queue, kind, priority, run_at, args, max_attempts, tenant, group_key)
     ON {{schema}}.job TO {{schema}}_producer;
 GRANT USAGE ON SEQUENCE {{schema}}.job_id_seq TO {{schema}}_producer;
 
@@ -46,6 +50,8 @@ GRANT INSERT ON {{schema}}.job_history, {{schema}}.job_attempt
     TO {{schema}}_admin, {{schema}}_worker;
 GRANT INSERT, UPDATE, DELETE ON {{schema}}.member, {{schema}}.leader, {{schema}}.kind
     TO {{schema}}_worker;
+-- Flow control: the limited claim's rate log, and the leader's depth recount.
+GRANT INSERT, UPDATE, DELETE ON {{schema}}.flow_start TO {{schema}}_worker;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA {{schema}} TO {{schema}}_admin, {{schema}}_worker;
 GRANT EXECUTE ON FUNCTION {{schema}}.partitions_ensure(integer) TO {{schema}}_worker;
 

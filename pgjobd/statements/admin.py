@@ -35,6 +35,10 @@ class QueueStatusRow(NamedTuple):
     paused: bool
     dead_last_hour: int
     throughput_per_s: float
+    global_concurrency: int | None
+    rate_limit: int | None  # starts per rate_window
+    rate_window: timedelta | None
+    max_depth: int | None
 
 
 class JobListRow(NamedTuple):

@@ -22,6 +22,7 @@ class EnqueueRow(NamedTuple):
     tenant: str | None
     unique_key: str | None
     max_attempts: int | None
+    group_key: str | None
 
 
 class JobRow(NamedTuple):
@@ -76,6 +77,29 @@ class ClaimRow(NamedTuple):
         )  # fmt: skip
 
 
+class FlowClaimRow(NamedTuple):
+    """job_claim_flow's rows: claimed jobs, and (id NULL) the limits that held any back."""
+
+    id: int | None
+    fence: int | None
+    kind: str | None
+    queue: str | None
+    attempt: int | None
+    max_attempts: int | None
+    crashes: int | None
+    priority: int | None
+    tenant: str | None
+    enqueued_at: datetime | None
+    scheduled_at: datetime | None
+    args: str | None
+    waited_s: float | None
+    held_by: str | None
+
+    def claim_row(self) -> ClaimRow:
+        """A claimed job's row as job_claim returns it (id not NULL)."""
+        return ClaimRow._make(self[:-1])
+
+
 class Promoted(NamedTuple):
     promoted: int
     queues: list[str]
@@ -126,11 +150,11 @@ class JobStatements(Rendered):
         self, conn: Conn, kind: str, args: str, queue: str | None,
         priority: int | None, run_at: datetime | None, tenant: str | None,
         unique_key: str | None, max_attempts: int | None, delay: timedelta | None,
-        on_conflict: str,
+        on_conflict: str, group_key: str | None,
     ) -> int:  # fmt: skip
         job_id: int = await conn.fetchval(
             self.sql("job_enqueue"), kind, args, queue, priority, run_at, tenant, unique_key,
-            max_attempts, delay, on_conflict,
+            max_attempts, delay, on_conflict, group_key,
         )  # fmt: skip
         return job_id
 
@@ -166,6 +190,19 @@ class JobStatements(Rendered):
     ) -> list[ClaimRow]:  # fmt: skip
         records = await conn.fetch(self.sql("job_claim"), queue, limit, member_id, lease)
         return rows_of(ClaimRow, records)
+
+    @statement("job_claim_flow")
+    async def job_claim_flow(
+        self, conn: Conn, queue: str, limit: int, member_id: str, lease: timedelta
+    ) -> list[FlowClaimRow]:
+        records = await conn.fetch(self.sql("job_claim_flow"), queue, limit, member_id, lease)
+        return rows_of(FlowClaimRow, records)
+
+    @statement("queue_flow_get")
+    async def queue_flow_get(self, conn: Conn, queue: str) -> bool:
+        """Whether the queue claims through job_claim_flow."""
+        flow: bool = await conn.fetchval(self.sql("queue_flow_get"), queue)
+        return flow
 
     @statement("job_promote_due")
     async def job_promote_due(self, conn: Conn, limit: int) -> Promoted:

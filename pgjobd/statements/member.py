@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import NamedTuple
 
-from pgjobd.statements import Conn, Rendered, columns, statement
+from pgjobd.statements import Conn, Rendered, columns, rows_of, statement
 
 
 class KindDeclared(NamedTuple):
@@ -16,6 +17,30 @@ class KindDeclared(NamedTuple):
     priority: int
     max_attempts: int
     timeout_s: float
+    global_concurrency: int | None
+    rate_limit: int | None  # starts per rate_window
+    rate_window: timedelta | None
+
+
+class QueueLimits(NamedTuple):
+    """A queue's fleet-wide limits, as a member's config says them (NULL: none)."""
+
+    name: str
+    global_concurrency: int | None
+    rate_limit: int | None
+    rate_window: timedelta | None
+    max_depth: int | None
+
+
+class LimitsOverridden(NamedTuple):
+    """The limits another member had written for a queue whose limits a write changed."""
+
+    name: str
+    global_concurrency: int | None
+    rate_limit: int | None
+    rate_window: timedelta | None
+    max_depth: int | None
+    limits_by: str
 
 
 class MemberStatements(Rendered):
@@ -44,6 +69,21 @@ class MemberStatements(Rendered):
     ) -> None:
         sql = self.sql("kind_declare_many")
         await conn.execute(sql, *columns(kinds, len(KindDeclared._fields)), member_id)
+
+    @statement("queue_limits_write")
+    async def queue_limits_write(
+        self, conn: Conn, queues: Sequence[QueueLimits], member_id: str
+    ) -> list[LimitsOverridden]:
+        records = await conn.fetch(
+            self.sql("queue_limits_write"), *columns(queues, len(QueueLimits._fields)), member_id
+        )
+        return rows_of(LimitsOverridden, records)
+
+    @statement("queue_depth_recount")
+    async def queue_depth_recount(self, conn: Conn, queues: Sequence[str] | None) -> int:
+        """Recounts the depth estimate of these queues with a max_depth (None: all)."""
+        recounted: int = await conn.fetchval(self.sql("queue_depth_recount"), queues)
+        return recounted
 
     @statement("partitions_ensure")
     async def partitions_ensure(self, conn: Conn, days_ahead: int) -> int:

@@ -124,3 +124,10 @@ async def test_usage_errors_exit_2() -> None:
 
     assert result.returncode == 2
     assert "usage:" in result.stderr
+
+
+async def test_enqueue_into_a_group(dsn: str, conn: asyncpg.Connection, schema: str) -> None:
+    done = await pgjobd("enqueue", "hello", "--group", "user:7", "--dsn", dsn, "--schema", schema)
+    assert done.returncode == 0, done.stderr
+    row = await conn.fetchrow(f"SELECT group_key FROM {schema}.job WHERE id = $1", int(done.stdout))
+    assert row["group_key"] == "user:7"

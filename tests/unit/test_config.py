@@ -88,9 +88,13 @@ def test_example_config_loads() -> None:
     assert config.dsn == "postgresql://pgjobd@127.0.0.1:5432/app"
     assert config.dsn_source == "database.dsn"
     assert config.daemon.handlers == (REPO / "handlers",)
-    assert set(config.queues) == {"default", "email"}
+    assert set(config.queues) == {"default", "email", "api"}
     assert config.queues["email"].concurrency == 50
     assert config.queues["email"].timeout == timedelta(seconds=30)
+    api = config.queues["api"]
+    assert (api.global_concurrency, api.max_depth) == (10, 100000)
+    assert api.rate == (100, timedelta(seconds=1))
+    assert config.queues["default"].rate is None
     (nightly,) = config.cron
     assert nightly.name == "nightly-report"
     assert nightly.args == {"scope": "all"}

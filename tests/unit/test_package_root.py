@@ -38,8 +38,8 @@ def test_the_client_loads_on_first_use() -> None:
 def test_every_exported_name_resolves() -> None:
     homes = {"Client": client, "SyncClient": client, "JobSpec": client, "JobInfo": client,
              "DuplicateJob": errors, "EnqueueError": errors, "PgjobdError": errors,
-             "job": handler_api, "JobContext": handler_api, "Retry": handler_api,
-             "Snooze": handler_api, "Discard": handler_api}  # fmt: skip
+             "QueueFull": errors, "job": handler_api, "JobContext": handler_api,
+             "Retry": handler_api, "Snooze": handler_api, "Discard": handler_api}  # fmt: skip
     assert set(pgjobd.__all__) == {*homes, "__version__"}
     for name, module in homes.items():
         assert getattr(pgjobd, name) is getattr(module, name)

@@ -1,0 +1,253 @@
+"""Flow control's cost, as ratios against baselines in the same run (issue 12).
+
+Two parts, each in its own fresh schema (``bench_flow``, dropped at the end):
+
+- claim: C sessions (default 3, as 3 members) each loop the claim statement (LIMIT 50)
+  and ``job_complete_many`` for what it claimed, over N pre-enqueued no-op jobs, with
+  nothing else running. Modes, interleaved per repetition:
+    baseline     the claim statement as it was before flow control (no flow guard)
+    unlimited    today's ``job_claim`` (the flow guard: two more probes of small tables)
+    limited      ``job_claim_flow`` with global_concurrency = 150 (never reached)
+    every_limit  ``job_claim_flow`` with global_concurrency 150, rate_limit 10000/1s,
+                 a kind with global_concurrency 150 (half the jobs are of it), and half
+                 of the jobs in 500 groups
+  Printed: jobs/s, and the claim statement's p50/p99 (client-timed).
+- drain: real ``pgjobd run`` members drain N no-op jobs; 2 members with
+  ``global_concurrency = 50`` (concurrency 50 each) against 2 members with
+  ``concurrency = 25`` each (per-member limits adding up to 50). Timed from the
+  enqueue's commit to an empty hot table.
+
+    .venv/bin/python bench/flow.py [--reps 3] [--n 20000] [--drain-n 5000] [--dsn DSN]
+        [--parts claim,drain]
+
+Not a test: it prints figures, and the ratios beside the issue's targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import asyncpg
+
+from pgjobd.migrate import migrate
+from pgjobd.queries import for_schema
+
+SCHEMA = "bench_flow"
+LEASE = timedelta(seconds=60)
+HANDLERS = Path(__file__).parent / "handlers"
+FLOW_GUARD = """
+      AND NOT EXISTS (SELECT FROM {s}.queue AS q
+                      WHERE q.name = $1 AND (q.paused OR q.flow))
+      AND NOT EXISTS (SELECT FROM {s}.kind AS k
+                      WHERE k.global_concurrency IS NOT NULL OR k.rate_limit IS NOT NULL)"""
+OLD_GUARD = """
+      AND NOT EXISTS (SELECT FROM {s}.queue AS q WHERE q.name = $1 AND q.paused)"""
+
+
+async def fresh_schema(dsn: str) -> asyncpg.Connection:
+    conn = await asyncpg.connect(dsn)
+    await conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    await migrate(conn, SCHEMA)
+    return conn
+
+
+async def setup_claim(conn: asyncpg.Connection, mode: str, n: int) -> None:
+    await conn.execute(f"TRUNCATE {SCHEMA}.job, {SCHEMA}.flow_start")
+    await conn.execute(f"DELETE FROM {SCHEMA}.queue")
+    await conn.execute(f"DELETE FROM {SCHEMA}.kind")
+    if mode == "limited":
+        await conn.execute(
+            f"INSERT INTO {SCHEMA}.queue (name, global_concurrency) VALUES ('bench', 150)"
+        )
+    if mode == "every_limit":
+        await conn.execute(
+            f"INSERT INTO {SCHEMA}.queue (name, global_concurrency, rate_limit, rate_window) "
+            "VALUES ('bench', 150, 10000, '1 second')"
+        )
+        await conn.execute(
+            f"INSERT INTO {SCHEMA}.kind (name, queue, global_concurrency) "
+            "VALUES ('capped', 'bench', 150)"
+        )
+    grouped = mode == "every_limit"
+    await conn.execute(
+        f"""INSERT INTO {SCHEMA}.job (state, queue, kind, args, group_key)
+            SELECT 'available', 'bench', CASE WHEN $2 AND g % 2 = 0 THEN 'capped'
+                                              ELSE 'noop' END,
+                   '{{}}'::jsonb, CASE WHEN $2 AND g % 2 = 1 THEN 'g' || (g % 500) END
+            FROM generate_series(1, $1) AS g""",
+        n,
+        grouped,
+    )
+    if grouped:
+        await conn.execute(f"UPDATE {SCHEMA}.queue SET grouped = true WHERE name = 'bench'")
+    await conn.execute(f"ANALYZE {SCHEMA}.job")
+
+
+async def claim_loop(dsn: str, statement: str, q: dict[str, str], out: list[float]) -> int:
+    conn = await asyncpg.connect(dsn)
+    done = 0
+    empty = 0
+    try:
+        while empty < 3:
+            started = time.perf_counter()
+            rows = await conn.fetch(statement, "bench", 50, f"m{id(out)}", LEASE)
+            out.append(time.perf_counter() - started)
+            jobs = [r for r in rows if r["id"] is not None]
+            if not jobs:
+                empty += 1
+                await asyncio.sleep(0.001)
+                continue
+            empty = 0
+            await conn.fetch(
+                q.sql("job_complete_many"), [r["id"] for r in jobs], [r["fence"] for r in jobs],
+                [None] * len(jobs), [False] * len(jobs),
+            )  # fmt: skip
+            done += len(jobs)
+    finally:
+        await conn.close()
+    return done
+
+
+async def claim_part(dsn: str, reps: int, n: int, sessions: int) -> dict[str, list[float]]:
+    conn = await fresh_schema(dsn)
+    rendered = for_schema(SCHEMA)
+    q = {name: rendered[name] for name in ("job_claim", "job_claim_flow", "job_complete_many")}
+    new_guard, old_guard = FLOW_GUARD.format(s=SCHEMA), OLD_GUARD.format(s=SCHEMA)
+    assert new_guard in q.sql("job_claim"), "the flow guard of job_claim has changed"
+    statements = {
+        "baseline": q.sql("job_claim").replace(new_guard, old_guard),
+        "unlimited": q.sql("job_claim"),
+        "limited": q.sql("job_claim_flow"),
+        "every_limit": q.sql("job_claim_flow"),
+    }
+    rates: dict[str, list[float]] = {mode: [] for mode in statements}
+    latencies: dict[str, list[float]] = {mode: [] for mode in statements}
+    try:
+        for rep in range(reps):
+            for mode, statement in statements.items():
+                await setup_claim(conn, mode, n)
+                seen: list[float] = []
+                started = time.perf_counter()
+                counts = await asyncio.gather(
+                    *(claim_loop(dsn, statement, q, seen) for _ in range(sessions))
+                )
+                elapsed = time.perf_counter() - started
+                assert sum(counts) == n, (mode, sum(counts))
+                rates[mode].append(n / elapsed)
+                latencies[mode] += seen
+                print(f"  rep {rep + 1} {mode:12s} {n / elapsed:10.0f} jobs/s", flush=True)
+    finally:
+        await conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        await conn.close()
+    print(f"\nclaim: {sessions} sessions, {n} jobs, claim LIMIT 50, {reps} reps")
+    print(f"{'mode':12s} {'jobs/s (median)':>16s} {'ratio':>7s} {'p50 ms':>8s} {'p99 ms':>8s}")
+    base = statistics.median(rates["baseline"])
+    for mode in statements:
+        cuts = statistics.quantiles(latencies[mode], n=100)
+        median = statistics.median(rates[mode])
+        print(f"{mode:12s} {median:16.0f} {median / base:7.2f} "
+              f"{cuts[49] * 1000:8.2f} {cuts[98] * 1000:8.2f}")  # fmt: skip
+    return rates
+
+
+def member_config(tmp: Path, index: int, queue: str, handlers: Path, dsn: str) -> Path:
+    path = tmp / f"member{index}.toml"
+    path.write_text(
+        f'[database]\nschema = "{SCHEMA}"\n\n'
+        f'[daemon]\nhandlers = ["{handlers}"]\nmetrics_listen = ""\nlog_format = "text"\n'
+        f'log_level = "warning"\n\n{queue}'
+    )
+    return path
+
+
+async def drain_once(dsn: str, queue_toml: str, n: int, members: int) -> float:
+    conn = await fresh_schema(dsn)
+    processes = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for i in range(members):
+                config = member_config(Path(tmp), i, queue_toml, HANDLERS, dsn)
+                processes.append(
+                    await asyncio.create_subprocess_exec(
+                        sys.executable,
+                        "-m",
+                        "pgjobd",
+                        "run",
+                        "--config",
+                        str(config),
+                        env={**os.environ, "PGJOBD_DSN": dsn},
+                        stdout=asyncio.subprocess.DEVNULL,
+                        stderr=asyncio.subprocess.DEVNULL,
+                    )
+                )
+            while await conn.fetchval(f"SELECT count(*) FROM {SCHEMA}.member") < members:  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.0)  # every producer has made its first claim
+            started = time.perf_counter()
+            await conn.execute(
+                f"""INSERT INTO {SCHEMA}.job (state, queue, kind, args)
+                    SELECT 'available', 'default', 'bench_noop', '{{}}'::jsonb
+                    FROM generate_series(1, $1)""",
+                n,
+            )
+            await conn.execute(f"NOTIFY \"{SCHEMA}.job_ready\", 'default'")
+            while await conn.fetchval(f"SELECT EXISTS (SELECT FROM {SCHEMA}.job)"):  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+            return time.perf_counter() - started
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            await process.wait()
+        await conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        await conn.close()
+
+
+async def drain_part(dsn: str, reps: int, n: int) -> None:
+    setups = {
+        "per_member_25x2": '[queues.default]\nconcurrency = 25\nprocesses = 2\nhistory = "none"\n',
+        "global_50": '[queues.default]\nconcurrency = 50\nprocesses = 2\nhistory = "none"\n'
+        "global_concurrency = 50\n",
+    }  # fmt: skip
+    rates: dict[str, list[float]] = {name: [] for name in setups}
+    for rep in range(reps):
+        for name, toml in setups.items():
+            seconds = await drain_once(dsn, toml, n, members=2)
+            rates[name].append(n / seconds)
+            print(f"  rep {rep + 1} {name:16s} {n / seconds:8.0f} jobs/s", flush=True)
+    base = statistics.median(rates["per_member_25x2"])
+    limited = statistics.median(rates["global_50"])
+    print(f"\ndrain: 2 members, {n} no-op jobs, {reps} reps")
+    print(f"per-member limits 25+25: {base:8.0f} jobs/s")
+    print(f"global_concurrency 50:   {limited:8.0f} jobs/s  ratio {limited / base:.2f} "
+          "(target >= 0.8)")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dsn", default=os.environ.get(
+        "PGJOBD_DSN", "postgresql://root@127.0.0.1:5432/test"))  # fmt: skip
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--n", type=int, default=20000)
+    parser.add_argument("--drain-n", type=int, default=5000)
+    parser.add_argument("--sessions", type=int, default=3)
+    parser.add_argument("--parts", default="claim,drain")
+    args = parser.parse_args()
+    parts = args.parts.split(",")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    if "claim" in parts:
+        asyncio.run(claim_part(args.dsn, args.reps, args.n, args.sessions))
+    if "drain" in parts:
+        asyncio.run(drain_part(args.dsn, args.reps, args.drain_n))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,476 @@
+"""Fleet-wide flow control on a real PostgreSQL, raced: several sessions claim through
+the limited claim (job_claim_flow) at once, as many members would, and finish what they
+claimed through the real completion and failure statements. A ledger of every run proves
+the limits: global concurrency never exceeded at any instant, no more than N starts in
+any window, group members never overlapping and never out of order.
+
+Ledger times are the database's: a run starts at its attempted_at (the claim's clock,
+read under the limit's lock, after it counted the running jobs) and ends at a
+clock_timestamp() read in the finishing transaction before it commits, so every run a
+claim counted as ended had ended before that claim's start. A separate sampler reads the
+committed count of running jobs over and over while the claimers race.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import anyio
+import asyncpg
+import msgspec
+import pytest
+
+from pgjobd import Client, JobSpec, QueueFull, admin
+from pgjobd.config import QueueConfig
+from pgjobd.errors import EnqueueError
+from pgjobd.lock_keys import LEADER, lock_key
+from pgjobd.member.generations import write_queue_limits
+from pgjobd.queries import Queries, for_schema
+from pgjobd.statements.member import KindDeclared
+
+pytestmark = pytest.mark.anyio
+LEASE = timedelta(seconds=30)
+
+
+@dataclass
+class Run:
+    id: int
+    kind: str
+    queue: str
+    group: str | None
+    priority: int
+    attempt: int
+    start: datetime
+    end: datetime
+
+
+@dataclass
+class Fleet:
+    """Racing claimers, each on its own session, as members would be."""
+
+    dsn: str
+    schema: str
+    q: Queries
+    runs: list[Run] = field(default_factory=list)
+    running_seen: list[int] = field(default_factory=list)
+    throttled: int = 0
+
+    async def claim_and_finish(
+        self,
+        queue: str,
+        member: str,
+        done: Callable[[], Awaitable[bool]],
+        fail_first: set[int] | None = None,
+        batch: int = 4,
+        hold_s: float = 0.003,
+    ) -> None:
+        conn = await asyncpg.connect(self.dsn)
+        rng = random.Random(member)
+        try:
+            while not await done():
+                rows = await conn.fetch(
+                    self.q.sql("job_claim_flow"), queue, rng.randint(1, batch), member, LEASE
+                )
+                self.throttled += sum(1 for row in rows if row["id"] is None)
+                jobs = [row for row in rows if row["id"] is not None]
+                if not jobs:
+                    await anyio.sleep(0.002)
+                    continue
+                await anyio.sleep(rng.random() * hold_s)
+                for job in jobs:
+                    await self._finish(conn, job, member, fail_first)
+        finally:
+            await conn.close()
+
+    async def _finish(
+        self, conn: asyncpg.Connection, job: asyncpg.Record, member: str, fail: set[int] | None
+    ) -> None:
+        async with conn.transaction():
+            row = await conn.fetchrow(
+                f"SELECT attempted_at, group_key, clock_timestamp() AS ended "
+                f"FROM {self.schema}.job WHERE id = $1",
+                job["id"],
+            )
+            if fail is not None and job["id"] in fail:
+                fail.discard(job["id"])
+                recorded = await conn.fetch(
+                    self.q.sql("job_fail_many"), [job["id"]], [job["fence"]], ["failed"], [100],
+                    [timedelta(0)], ["E"], ["boom"], [None], [0.0], [True], member,
+                )  # fmt: skip
+            else:
+                recorded = await conn.fetch(
+                    self.q.sql("job_complete_many"), [job["id"]], [job["fence"]], [None], [True]
+                )
+            assert recorded, f"job {job['id']} lost its lease"
+        self.runs.append(
+            Run(job["id"], job["kind"], job["queue"], row["group_key"], job["priority"],
+                job["attempt"], row["attempted_at"], row["ended"])
+        )  # fmt: skip
+
+    async def sample_running(self, queue: str, done: Callable[[], Awaitable[bool]]) -> None:
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            while not await done():
+                self.running_seen.append(
+                    await conn.fetchval(
+                        f"SELECT count(*) FROM {self.schema}.job "
+                        "WHERE state = 'running' AND queue = $1",
+                        queue,
+                    )
+                )
+        finally:
+            await conn.close()
+
+
+def most_at_once(runs: list[Run]) -> int:
+    """The most runs that overlap at any instant (an end at t frees before a start at t)."""
+    events = sorted([(r.start, 1) for r in runs] + [(r.end, -1) for r in runs],
+                    key=lambda e: (e[0], e[1]))  # fmt: skip
+    most = current = 0
+    for _, step in events:
+        current += step
+        most = max(most, current)
+    return most
+
+
+@pytest.fixture
+def fleet(dsn: str, schema: str) -> Fleet:
+    return Fleet(dsn, schema, for_schema(schema))
+
+
+def _none_left(conn: asyncpg.Connection, schema: str) -> Callable[[], Awaitable[bool]]:
+    lock = anyio.Lock()
+
+    async def done() -> bool:
+        async with lock:  # one shared connection
+            return not await conn.fetchval(f"SELECT count(*) FROM {schema}.job")
+
+    return done
+
+
+async def _set_limits(conn: asyncpg.Connection, schema: str, **queues: QueueConfig) -> None:
+    await write_queue_limits(conn, for_schema(schema), queues, "test-member")
+
+
+async def _enqueue(conn: asyncpg.Connection, q: Queries, kind: str, queue: str,
+                   group: str | None = None, priority: int | None = None) -> int:  # fmt: skip
+    job_id: int = await conn.fetchval(
+        q.sql("job_enqueue"), kind, "{}", queue, priority, None, None, None, None, None, "return",
+        group,
+    )  # fmt: skip
+    return job_id
+
+
+async def test_global_concurrency_is_never_exceeded_by_racing_claimers(
+    conn: asyncpg.Connection, schema: str, fleet: Fleet
+) -> None:
+    await _set_limits(conn, schema, limited=QueueConfig(global_concurrency=3))
+    for _ in range(80):
+        await _enqueue(conn, fleet.q, "work", "limited")
+    done = _none_left(conn, schema)
+    async with anyio.create_task_group() as tg:
+        for n in range(6):
+            tg.start_soon(fleet.claim_and_finish, "limited", f"member-{n}", done)
+        tg.start_soon(fleet.sample_running, "limited", done)
+    assert len(fleet.runs) == 80
+    assert most_at_once(fleet.runs) == 3  # reached, never passed
+    assert max(fleet.running_seen) <= 3
+    assert fleet.throttled > 0
+
+
+async def test_the_unlimited_claim_takes_nothing_from_a_limited_queue(
+    conn: asyncpg.Connection, schema: str, fleet: Fleet
+) -> None:
+    """A member that has not yet noticed a limit claims nothing rather than too much."""
+    await _enqueue(conn, fleet.q, "work", "q")
+    assert not await conn.fetchval(fleet.q.sql("queue_flow_get"), "q")
+    await _set_limits(conn, schema, q=QueueConfig(global_concurrency=5))
+    assert await conn.fetchval(fleet.q.sql("queue_flow_get"), "q")
+    assert await conn.fetch(fleet.q.sql("job_claim"), "q", 10, "m", LEASE) == []
+    claimed = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", 10, "m", LEASE)
+    assert len(claimed) == 1
+    # A kind with a limit puts every queue on the limited path.
+    await _enqueue(conn, fleet.q, "work", "free")
+    await conn.execute(
+        f"INSERT INTO {schema}.kind (name, queue, global_concurrency) VALUES ('capped', 'x', 1)"
+    )
+    assert await conn.fetch(fleet.q.sql("job_claim"), "free", 10, "m", LEASE) == []
+    assert await conn.fetchval(fleet.q.sql("queue_flow_get"), "free")
+
+
+async def test_a_crashed_members_jobs_count_until_the_reaper_ends_their_lease(
+    dsn: str, conn: asyncpg.Connection, schema: str, fleet: Fleet
+) -> None:
+    await _set_limits(conn, schema, q=QueueConfig(global_concurrency=2))
+    for _ in range(4):
+        await _enqueue(conn, fleet.q, "work", "q")
+    rows = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", 4, "dead-member", LEASE)
+    assert [row["held_by"] for row in rows] == [None, None, "global_concurrency"]
+    # The member is gone (no completion will come) and its leases have expired, but
+    # until the reaper ends them its jobs still count.
+    await conn.execute(
+        f"UPDATE {schema}.job SET lease_expires_at = now() - interval '1s' WHERE state = 'running'"
+    )
+    rows = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", 4, "live-member", LEASE)
+    assert [row["held_by"] for row in rows] == ["global_concurrency"]
+    leader = await asyncpg.connect(dsn)
+    try:
+        assert await leader.fetchval(
+            "SELECT pg_try_advisory_lock($1, $2)", *lock_key(LEADER, schema)
+        )
+        term = await leader.fetchval(fleet.q.sql("leader_term_begin"), "test")
+        reaped = await conn.fetchrow(
+            fleet.q.sql("job_reap_expired"), term, timedelta(0), 10, [], [], 100
+        )
+    finally:
+        await leader.close()
+    assert reaped["rescued"] == 2
+    rows = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", 4, "live-member", LEASE)
+    assert len([row for row in rows if row["id"] is not None]) == 2
+
+
+async def test_a_rate_limit_holds_in_every_sliding_window(
+    conn: asyncpg.Connection, schema: str, fleet: Fleet
+) -> None:
+    window = timedelta(milliseconds=200)
+    await _set_limits(conn, schema, rated=QueueConfig(rate_limit="4/200ms"))
+    for _ in range(24):
+        await _enqueue(conn, fleet.q, "work", "rated")
+    done = _none_left(conn, schema)
+    async with anyio.create_task_group() as tg:
+        for n in range(5):
+            tg.start_soon(fleet.claim_and_finish, "rated", f"member-{n}", done)
+    starts = sorted(run.start for run in fleet.runs)
+    assert len(starts) == 24
+    # Any window of 200 ms holds at most 4 starts: the 5th start after any start is at
+    # least 200 ms later. (A bucket of 4 refilled at 4 per window would allow 8.)
+    gaps = [starts[i + 4] - starts[i] for i in range(len(starts) - 4)]
+    assert min(gaps) >= window, min(gaps)
+    # The limit was the bottleneck: 24 starts at 4 per window take at least 5 windows.
+    assert starts[-1] - starts[0] >= 5 * window
+    assert fleet.throttled > 0
+
+
+async def test_a_kinds_limits_hold_across_queues(
+    conn: asyncpg.Connection, schema: str, fleet: Fleet
+) -> None:
+    q = fleet.q
+    await q.kind_declare_many(
+        conn,
+        [KindDeclared("capped", "a", 0, 20, 60.0, 2, None, None),
+         KindDeclared("free", "a", 0, 20, 60.0, None, None, None)],
+        "test-member",
+    )  # fmt: skip
+    for n in range(30):
+        await _enqueue(conn, q, "capped", "a" if n % 2 else "b")
+        await _enqueue(conn, q, "free", "a")
+    done = _none_left(conn, schema)
+    async with anyio.create_task_group() as tg:
+        for n in range(3):
+            tg.start_soon(fleet.claim_and_finish, "a", f"a-{n}", done)
+            tg.start_soon(fleet.claim_and_finish, "b", f"b-{n}", done)
+    capped = [run for run in fleet.runs if run.kind == "capped"]
+    assert len(capped) == 30 and len(fleet.runs) == 60
+    assert most_at_once(capped) == 2
+    # The unlimited kind in the same queue was not held to the capped kind's limit.
+    assert most_at_once([run for run in fleet.runs if run.kind == "free"]) > 2
+
+
+async def test_group_members_run_one_at_a_time_in_order_and_a_retrying_head_keeps_its_place(
+    dsn: str, conn: asyncpg.Connection, schema: str, fleet: Fleet
+) -> None:
+    q = fleet.q
+    rng = random.Random(7)
+    expected: dict[str, list[int]] = defaultdict(list)
+    order: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for _ in range(90):
+        group = f"user:{rng.randint(1, 6)}"
+        priority = rng.choice([0, 0, 1])
+        job_id = await _enqueue(conn, q, "work", "grouped", group=group, priority=priority)
+        order[group].append((priority, job_id))
+    for group, jobs in order.items():
+        expected[group] = [job_id for _, job_id in sorted(jobs)]
+    # The head of each group fails once: it must run again before the rest of its group.
+    fail_first = {jobs[0] for jobs in expected.values()}
+    failed = set(fail_first)
+    done = _none_left(conn, schema)
+
+    async def promote() -> None:
+        promoter = await asyncpg.connect(dsn)
+        try:
+            while not await done():
+                await promoter.fetchrow(q.sql("job_promote_due"), 100)
+                await anyio.sleep(0.005)
+        finally:
+            await promoter.close()
+
+    async with anyio.create_task_group() as tg:
+        for n in range(5):
+            tg.start_soon(fleet.claim_and_finish, "grouped", f"member-{n}", done, fail_first)
+        tg.start_soon(promote)
+    by_group: dict[str, list[Run]] = defaultdict(list)
+    for run in sorted(fleet.runs, key=lambda r: r.start):
+        assert run.group is not None
+        by_group[run.group].append(run)
+    for group, runs in by_group.items():
+        assert most_at_once(runs) == 1, group
+        ran = [run.id for run in runs]
+        # The failed head ran twice in a row, then the others in (priority, id) order.
+        assert ran[0] == ran[1] == expected[group][0] and ran[0] in failed
+        assert ran[1:] == expected[group], group
+    # Groups are independent: several ran at once.
+    assert most_at_once(fleet.runs) > 1
+
+
+async def test_groups_take_turns_so_a_long_group_does_not_hold_up_the_others(
+    conn: asyncpg.Connection, schema: str, fleet: Fleet
+) -> None:
+    q = fleet.q
+    for _ in range(50):
+        await _enqueue(conn, q, "work", "g", group="big")
+    late = await _enqueue(conn, q, "work", "g", group="late")
+    claimed: list[int] = []
+    for _ in range(3):
+        rows = await conn.fetch(q.sql("job_claim_flow"), "g", 5, "m", LEASE)
+        claimed += [row["id"] for row in rows]
+        for row in rows:
+            await conn.fetch(
+                q.sql("job_complete_many"), [row["id"]], [row["fence"]], [None], [True]
+            )
+    assert late in claimed[:2]
+
+
+async def test_max_depth_refuses_enqueues_and_writes_nothing(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    q = for_schema(schema)
+    await _set_limits(conn, schema, small=QueueConfig(max_depth=5))
+    async with await Client.connect(dsn, schema=schema) as client:
+        ids = [await client.enqueue("work", queue="small") for _ in range(3)]
+        with pytest.raises(QueueFull, match="queue 'small' is full: max_depth is 5"):
+            await client.enqueue_many([JobSpec("work", queue="small") for _ in range(3)])
+        with pytest.raises(QueueFull):  # the COPY path, too, and through unique keys
+            await client.enqueue_many(
+                [JobSpec("work", queue="small", unique_key=f"k{n}") for n in range(3)]
+            )
+        assert issubclass(QueueFull, EnqueueError)
+        await client.enqueue_many([("work", {}), ("work", {})], queue="small")
+        with pytest.raises(QueueFull):
+            await client.enqueue("work", queue="small")
+        with pytest.raises(asyncpg.PostgresError) as raised:
+            await conn.fetchval(f"SELECT {schema}.enqueue('work', queue => 'small')")
+        assert raised.value.sqlstate == "PJ006"
+        assert await conn.fetchval(f"SELECT count(*) FROM {schema}.job") == 5
+        # Other queues are not limited.
+        await client.enqueue("work", queue="elsewhere")
+        # Jobs end; the next recount sees room again.
+        for job_id in ids:
+            await conn.execute(f"DELETE FROM {schema}.job WHERE id = $1", job_id)
+        with pytest.raises(QueueFull):
+            await client.enqueue("work", queue="small")  # the estimate errs high until ...
+        await conn.fetchval(q.sql("queue_depth_recount"), None)  # ... the leader recounts
+        await client.enqueue_many([("work", {})] * 3, queue="small")
+        assert await conn.fetchval(f"SELECT count(*) FROM {schema}.job WHERE queue = 'small'") == 5
+
+
+async def test_max_depth_under_racing_enqueuers_overshoots_by_fewer_than_the_racers(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    """The documented precision: concurrent enqueues into different shards may each
+    miss the others' uncommitted ones, so a queue may pass max_depth by fewer jobs than
+    there are concurrent enqueuers; never by more."""
+    racers, max_depth = 6, 40
+    await _set_limits(conn, schema, small=QueueConfig(max_depth=max_depth))
+    refused = 0
+
+    async def enqueue_until_full() -> None:
+        nonlocal refused
+        session = await asyncpg.connect(dsn)
+        try:
+            while True:
+                try:
+                    await session.fetchval(f"SELECT {schema}.enqueue('work', queue => 'small')")
+                except asyncpg.PostgresError as e:
+                    assert e.sqlstate == "PJ006"
+                    refused += 1
+                    return
+        finally:
+            await session.close()
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(racers):
+            tg.start_soon(enqueue_until_full)
+    live = await conn.fetchval(f"SELECT count(*) FROM {schema}.job")
+    assert refused == racers
+    assert max_depth <= live < max_depth + racers
+
+
+async def test_group_key_is_checked_and_stored(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    async with await Client.connect(dsn, schema=schema) as client:
+        with pytest.raises(EnqueueError, match="group must not be empty"):
+            await client.enqueue("work", group="")
+        with pytest.raises(EnqueueError, match="job 2: group is 513 bytes"):
+            await client.enqueue_many([("work", {}), JobSpec("work", group="x" * 513)])
+        one = await client.enqueue("work", group="user:7")
+        many = await client.enqueue_many([("work", {}), ("work", {})], group="user:8")
+        copied = await client.enqueue_many([JobSpec("work", group="user:9"), ("work", {})])
+    with pytest.raises(asyncpg.PostgresError, match="group_key must not be empty") as raised:
+        await conn.fetchval(f"SELECT {schema}.enqueue('work', group_key => '')")
+    assert raised.value.sqlstate == "PJ004"
+    rows = await conn.fetch(f"SELECT id, group_key FROM {schema}.job ORDER BY id")
+    assert [(r["id"], r["group_key"]) for r in rows] == [
+        (one, "user:7"), (many[0], "user:8"), (many[1], "user:8"), (copied[0], "user:9"),
+        (copied[1], None),
+    ]  # fmt: skip
+    assert await conn.fetchval(f"SELECT grouped FROM {schema}.queue WHERE name = 'default'")
+
+
+async def test_limits_disagreeing_members_last_writer_wins_and_it_is_logged(
+    conn: asyncpg.Connection, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    q = for_schema(schema)
+    await write_queue_limits(conn, q, {"api": QueueConfig(global_concurrency=5)}, "member-a")
+    with caplog.at_level("WARNING"):
+        await write_queue_limits(
+            conn, q, {"api": QueueConfig(global_concurrency=7, rate_limit="10/1s")}, "member-b"
+        )
+    row = await conn.fetchrow(f"SELECT * FROM {schema}.queue WHERE name = 'api'")
+    assert (row["global_concurrency"], row["rate_limit"], row["limits_by"]) == (7, 10, "member-b")
+    assert row["rate_window"] == timedelta(seconds=1)
+    (record,) = [r for r in caplog.records if getattr(r, "event", "") == "flow.limits_disagree"]
+    assert "member-a" in record.getMessage() and "global_concurrency=5" in record.getMessage()
+    # The same limits again: nothing to say.
+    caplog.clear()
+    await write_queue_limits(
+        conn, q, {"api": QueueConfig(global_concurrency=7, rate_limit="10/1s")}, "member-c"
+    )
+    assert not [r for r in caplog.records if getattr(r, "event", "") == "flow.limits_disagree"]
+
+
+async def test_status_shows_each_queues_limits(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    q = for_schema(schema)
+    await _set_limits(
+        conn, schema,
+        api=QueueConfig(global_concurrency=10, rate_limit="100/1s"),
+        free=QueueConfig(), deep=QueueConfig(max_depth=50),
+    )  # fmt: skip
+    for queue in ("api", "api", "free", "deep"):
+        await _enqueue(conn, q, "work", queue)
+    await conn.fetch(q.sql("job_claim_flow"), "api", 1, "m", LEASE)
+    status = await admin.status(conn, schema)
+    limited = {name: msgspec.to_builtins(s.limited) for name, s in status.queues.items()}
+    assert limited["api"] == {
+        "global_concurrency": 10, "running": 1, "rate_limit": "100/1s", "max_depth": None,
+    }  # fmt: skip
+    assert limited["free"] == {
+        "global_concurrency": None, "running": 0, "rate_limit": None, "max_depth": None,
+    }  # fmt: skip
+    assert limited["deep"]["max_depth"] == 50

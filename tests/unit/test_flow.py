@@ -1,0 +1,89 @@
+"""Rate limits as written in TOML and in @job: "N/DURATION"."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pgjobd import job
+from pgjobd.config import loads
+from pgjobd.errors import ConfigError
+from pgjobd.flow import MAX_RATE, RateLimit, parse_rate_limit
+from pgjobd.handler_api import handler_spec
+
+
+def test_rate_limits_parse() -> None:
+    assert parse_rate_limit("100/1s") == RateLimit(100, timedelta(seconds=1))
+    assert parse_rate_limit("600/1m") == RateLimit(600, timedelta(minutes=1))
+    assert parse_rate_limit(" 5 / 250ms ") == RateLimit(5, timedelta(milliseconds=250))
+    assert str(RateLimit(600, timedelta(minutes=1))) == "600/1m"
+
+
+@pytest.mark.parametrize(
+    "text", ["", "100", "/1s", "100/", "-1/1s", "0/1s", f"{MAX_RATE + 1}/1s", "1/0s", "x/1s",
+             "1/1 parsec", "1.5/1s"],
+)  # fmt: skip
+def test_bad_rate_limits_say_what_is_expected(text: str) -> None:
+    with pytest.raises(ValueError, match='expected "N/DURATION"'):
+        parse_rate_limit(text)
+
+
+@given(st.text(max_size=30))
+def test_any_text_is_a_rate_limit_or_a_clear_error(text: str) -> None:
+    try:
+        rate = parse_rate_limit(text)
+    except ValueError as e:
+        assert 'expected "N/DURATION"' in str(e)
+    else:
+        assert 1 <= rate.starts <= MAX_RATE and rate.window > timedelta(0)
+        assert parse_rate_limit(str(rate)) == rate
+
+
+@given(st.integers(1, MAX_RATE), st.integers(1, 10**9))
+def test_written_rate_limits_read_back(starts: int, window_ms: int) -> None:
+    rate = RateLimit(starts, timedelta(milliseconds=window_ms))
+    assert parse_rate_limit(str(rate)) == rate
+
+
+def test_config_errors_name_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"x.toml: queues.api.rate_limit: expected \"N/DUR"):
+        loads('[queues.api]\nrate_limit = "fast"\n', Path("x.toml"))
+    with pytest.raises(
+        ConfigError, match=r"queues\.api\.global_concurrency: expected an integer >= 1"
+    ):
+        loads("[queues.api]\nglobal_concurrency = 0\n", Path("x.toml"))
+    with pytest.raises(ConfigError, match=r"queues\.api\.max_depth: expected an integer >= 1"):
+        loads("[queues.api]\nmax_depth = -5\n", Path("x.toml"))
+
+
+def test_job_declares_kind_limits() -> None:
+    @job(global_concurrency=3, rate_limit="10/1s")
+    def limited(args: dict[str, object]) -> None: ...
+
+    spec = handler_spec(limited)
+    assert spec is not None
+    assert (spec.global_concurrency, spec.rate_limit) == (3, RateLimit(10, timedelta(seconds=1)))
+    with pytest.raises(ValueError, match="global_concurrency must be an int >= 1"):
+
+        @job(global_concurrency=0)
+        def none_at_all(args: dict[str, object]) -> None: ...
+
+    with pytest.raises(ValueError, match='rate_limit: expected "N/DURATION"'):
+
+        @job(rate_limit="lots")
+        def too_fast(args: dict[str, object]) -> None: ...
+
+
+def test_the_flow_lock_purpose_is_the_one_the_sql_uses() -> None:
+    from importlib import resources  # noqa: PLC0415
+
+    from pgjobd.lock_keys import FLOW  # noqa: PLC0415
+
+    migrations = resources.files("pgjobd").joinpath("sql", "migrations")
+    texts = [m.read_text("utf-8") for m in migrations.iterdir() if m.name.endswith(".sql")]
+    (defining,) = [t for t in texts if "FUNCTION {{schema}}.flow_lock(" in t]
+    assert f"pg_advisory_xact_lock({FLOW}," in defining
