@@ -7,7 +7,7 @@ import inspect
 import logging
 import threading
 import typing
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, overload
 
@@ -16,6 +16,7 @@ import msgspec
 from pgjobd.duration import to_timedelta
 from pgjobd.errors import PgjobdError
 from pgjobd.names import kind_name_problem, queue_name_problem
+from pgjobd.redact import check_fields
 
 HANDLER_ATTRIBUTE = "__pgjobd_handler__"
 
@@ -39,6 +40,7 @@ class HandlerSpec:
     is_async: bool
     takes_ctx: bool
     source: str
+    redact: tuple[str, ...] = ()  # args fields kept out of logs and errors (redact.py)
 
     @property
     def name(self) -> str:
@@ -65,6 +67,7 @@ def job(
     timeout: DurationLike | None = None,
     priority: int | None = None,
     discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+    redact: Sequence[str] = (),
 ) -> Callable[[F], F]: ...
 
 
@@ -78,6 +81,7 @@ def job(
     timeout: DurationLike | None = None,
     priority: int | None = None,
     discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+    redact: Sequence[str] = (),
 ) -> F | Callable[[F], F]:
     """Register a function as the handler of a job kind (its name unless `kind` is given).
 
@@ -94,6 +98,7 @@ def job(
             timeout=timeout,
             priority=priority,
             discard_on=discard_on,
+            redact=redact,
         )
         setattr(fn, HANDLER_ATTRIBUTE, spec)
         return fn
@@ -112,6 +117,7 @@ def _build_spec(
     timeout: DurationLike | None,
     priority: int | None,
     discard_on: type[BaseException] | tuple[type[BaseException], ...],
+    redact: Sequence[str] = (),
 ) -> HandlerSpec:
     if not inspect.isfunction(fn):
         raise TypeError(f"@job decorates functions, not {fn!r}")
@@ -160,6 +166,7 @@ def _build_spec(
         is_async=inspect.iscoroutinefunction(fn),
         takes_ctx=takes_ctx,
         source=inspect.unwrap(fn).__code__.co_filename,
+        redact=check_fields(redact, where),
     )
 
 

@@ -63,3 +63,4 @@ class KindInfo(msgspec.Struct, frozen=True):
     priority: int | None
     max_attempts: int | None
     timeout_s: float | None
+    redact: tuple[str, ...] = ()

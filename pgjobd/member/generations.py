@@ -4,6 +4,7 @@ finishes the jobs it holds, and goes."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import anyio
@@ -148,6 +149,7 @@ class Generations:
                 info.kind, queue, info.priority or 0,
                 info.max_attempts or queue_config.max_attempts,
                 info.timeout_s or queue_config.timeout.total_seconds(),
+                json.dumps(list(info.redact)),
             ))  # fmt: skip
         if rows:
             async with db.acquire(self.ctx.pool) as conn:

@@ -16,6 +16,7 @@ class KindDeclared(NamedTuple):
     priority: int
     max_attempts: int
     timeout_s: float
+    redact: str  # the args fields its handler redacts, as a JSON array's text
 
 
 class MemberStatements(Rendered):
