@@ -540,8 +540,8 @@ async def redacted_fields(db: Db, schema: str, kind: str) -> list[str]:
     them): what to mask before showing a job's args (redact.redact_args)."""
     q = for_schema(schema)
     async with _connection(db) as conn:
-        fields = await q.admin_kind_redact(conn, kind)
-    return list(fields or [])
+        row = await q.admin_kind_redact(conn, kind)
+    return list(row.redact or []) if row is not None else []
 
 
 async def redrive(

@@ -101,6 +101,10 @@ class MissingRoleRow(NamedTuple):
     login: str
 
 
+class KindRedactRow(NamedTuple):
+    redact: list[str] | None
+
+
 class ScrubbedRow(NamedTuple):
     ids: list[int]
     attempts: int
@@ -161,9 +165,8 @@ class AdminStatements(Rendered):
         return one_row("admin_scrub", ScrubbedRow, record)
 
     @statement("admin_kind_redact")
-    async def admin_kind_redact(self, conn: Conn, kind: str) -> list[str] | None:
-        fields: list[str] | None = await conn.fetchval(self.sql("admin_kind_redact"), kind)
-        return fields
+    async def admin_kind_redact(self, conn: Conn, kind: str) -> KindRedactRow | None:
+        return row_of(KindRedactRow, await conn.fetchrow(self.sql("admin_kind_redact"), kind))
 
     @statement("admin_status_members")
     async def admin_status_members(self, conn: Conn, liveness: timedelta) -> list[MemberRow]:
