@@ -32,6 +32,7 @@ from pgjobd.leader import unsigned
 from pgjobd.lock_keys import LEADER, lock_key
 from pgjobd.names import queue_name_problem
 from pgjobd.queries import Queries, for_schema
+from pgjobd.redact import redact_args
 from pgjobd.roles import cron as cron_role
 from pgjobd.statements.admin import QueueStatusRow
 
@@ -83,6 +84,30 @@ class UnknownSchedule(PgjobdError):
 
 class InvalidInput(PgjobdError, ValueError):
     """A bad argument (a queue name, a state): the CLI's usage error."""
+
+
+class MissingRole(PgjobdError):
+    """The session may not act: its login lacks the schema's admin role."""
+
+    def __init__(self, action: str, role: str, login: str) -> None:
+        self.action, self.role, self.login = action, role, login
+        super().__init__(
+            f"{action} needs role {role}: login {login} is not a member of it "
+            f"(GRANT {role} TO {login})"
+        )
+
+
+class ScrubRefused(PgjobdError):
+    """Live jobs match the scrub's filter; nothing was changed."""
+
+    def __init__(self, ids: Sequence[int]) -> None:
+        self.ids = list(ids)
+        listed = ", ".join(str(i) for i in self.ids)
+        super().__init__(
+            f"live jobs match: {listed}{' and more' if len(self.ids) >= 20 else ''}. "
+            "Scrub only touches finished jobs: cancel them or let them finish, or narrow "
+            "--before; nothing was changed"
+        )
 
 
 # -- results -----------------------------------------------------------------------------
@@ -213,6 +238,13 @@ class CronListed(msgspec.Struct, frozen=True):
     error: str | None  # why next_run could not be computed (a bad 'api' row)
 
 
+class Scrubbed(msgspec.Struct, frozen=True):
+    action: str
+    ids: list[int]  # the final jobs whose payloads were overwritten
+    attempts: int  # attempt rows whose errors were overwritten
+    audit_id: int
+
+
 class CronTriggered(msgspec.Struct, frozen=True):
     action: str
     name: str
@@ -258,8 +290,10 @@ T = TypeVar("T")
 
 
 def _with_args(row: Mapping[str, Any], into: type[T]) -> T:
-    """A row whose `args` column is JSON text, as a Struct (unknown columns ignored)."""
-    return msgspec.convert({**row, "args": read_json(row["args"])}, into)
+    """A row whose `args` column is JSON text, as a Struct (unknown columns ignored);
+    the fields named in its `redact` column, if any, masked."""
+    args = redact_args(read_json(row["args"]), row.get("redact"))
+    return msgspec.convert({**row, "args": args}, into)
 
 
 def read_json(text: str) -> Any:
@@ -300,9 +334,23 @@ async def _audit(
     target: str | None = None,
     job_ids: Sequence[int] = (),
     detail: dict[str, Any] | None = None,
+    arguments: dict[str, Any] | None = None,
 ) -> int:
+    """The action's audit row, in the caller's transaction. `user` is $USER for the
+    CLI and the client, or the console's token name; `arguments` what the caller asked
+    for, `detail` what the action did."""
     detail_json = _json.encode(detail or {}).decode()
-    return await q.admin_audit_insert(conn, user, action, target, list(job_ids), detail_json)
+    arguments_json = _json.encode(arguments or {}).decode()
+    return await q.admin_audit_insert(
+        conn, user, action, target, list(job_ids), detail_json, arguments_json
+    )
+
+
+async def _require_admin(conn: asyncpg.Connection, q: Queries, schema: str, action: str) -> None:
+    """MissingRole unless this session may run admin actions on `schema`."""
+    row = await q.admin_role_missing(conn, f"{schema}_admin", schema)
+    if row is not None:
+        raise MissingRole(action, row.role, row.login)
 
 
 async def _states(
@@ -397,6 +445,7 @@ async def cancel_jobs(
     wanted = _unique(ids)
     q = for_schema(schema)
     async with _connection(db) as conn, conn.transaction():
+        await _require_admin(conn, q, schema, "jobs.cancel")
         live, final = await _states(conn, q, wanted)
         pending = [i for i, s in live.items() if s != "running"]
         running = [i for i, s in live.items() if s == "running"]
@@ -413,6 +462,7 @@ async def cancel_jobs(
         audit_id = await _audit(
             conn, q, user, "jobs.cancel", job_ids=wanted,
             detail={"outcomes": {str(o.id): o.outcome for o in outcomes}},
+            arguments={"ids": wanted},
         )  # fmt: skip
     return JobsAction(action="jobs.cancel", jobs=outcomes, audit_id=audit_id)
 
@@ -429,6 +479,7 @@ async def retry_jobs(
     wanted = _unique(ids)
     q = for_schema(schema)
     async with _connection(db) as conn, conn.transaction():
+        await _require_admin(conn, q, schema, "jobs.retry")
         live, final = await _states(conn, q, wanted)
         waiting = [i for i, s in live.items() if s in ("scheduled", "retryable")]
         made: set[int] = set()
@@ -455,6 +506,7 @@ async def retry_jobs(
         audit_id = await _audit(
             conn, q, user, "jobs.retry", job_ids=wanted,
             detail={"outcomes": {str(o.id): o.outcome for o in outcomes}},
+            arguments={"ids": wanted},
         )  # fmt: skip
     return JobsAction(action="jobs.retry", jobs=outcomes, audit_id=audit_id)
 
@@ -473,9 +525,13 @@ async def set_paused(
     action = "queues.pause" if paused else "queues.resume"
     q = for_schema(schema)
     async with _connection(db) as conn, conn.transaction():
+        await _require_admin(conn, q, schema, action)
         row = await q.admin_queue_set_paused(conn, queue, paused, user)
         changed = row.was_paused != row.paused
-        audit_id = await _audit(conn, q, user, action, target=queue, detail={"changed": changed})
+        audit_id = await _audit(
+            conn, q, user, action, target=queue, detail={"changed": changed},
+            arguments={"queue": queue, "paused": paused},
+        )  # fmt: skip
     return QueueAction(
         action=action, queue=queue, paused=row.paused, changed=changed, audit_id=audit_id
     )
@@ -503,6 +559,15 @@ async def list_dead(
     return [_with_args(r._asdict(), DeadJob) for r in rows]
 
 
+async def redacted_fields(db: Db, schema: str, kind: str) -> list[str]:
+    """The args fields kind's handler declared redact=[...] (as its members recorded
+    them): what to mask before showing a job's args (redact.redact_args)."""
+    q = for_schema(schema)
+    async with _connection(db) as conn:
+        row = await q.admin_kind_redact(conn, kind)
+    return list(row.redact or []) if row is not None else []
+
+
 async def redrive(
     db: Db,
     schema: str,
@@ -516,6 +581,7 @@ async def redrive(
     Jobs whose unique_key a live job holds stay dead and are listed in `blocked`."""
     q = for_schema(schema)
     async with _connection(db) as conn, conn.transaction():
+        await _require_admin(conn, q, schema, "dlq.redrive")
         start = await _since(conn, since)
         dead = await q.admin_dlq_ids(conn, kind, queue, start)
         ids: list[int] = []
@@ -527,8 +593,16 @@ async def redrive(
         audit_id = await _audit(
             conn, q, user, "dlq.redrive", target=queue, job_ids=ids,
             detail={"filters": filters, "blocked": blocked},
+            arguments={"kind": kind, "queue": queue, "since": _shown_since(since)},
         )  # fmt: skip
     return Redrive(action="dlq.redrive", ids=ids, blocked=blocked, audit_id=audit_id)
+
+
+def _shown_since(since: datetime | timedelta | None) -> str | float | None:
+    """A since/before argument for the audit: a time as ISO text, a duration in s."""
+    if isinstance(since, timedelta):
+        return since.total_seconds()
+    return since.isoformat() if since is not None else None
 
 
 async def _since(conn: asyncpg.Connection, since: datetime | timedelta | None) -> datetime | None:
@@ -569,8 +643,50 @@ async def trigger_cron(db: Db, schema: str, name: str, *, user: str | None = Non
     there is none."""
     q = for_schema(schema)
     async with _connection(db) as conn, conn.transaction():
+        await _require_admin(conn, q, schema, "cron.trigger")
         job_id = await cron_role.trigger(conn, q, name)
         if job_id is None:
             raise UnknownSchedule(name)
-        audit_id = await _audit(conn, q, user, "cron.trigger", target=name, job_ids=[job_id])
+        audit_id = await _audit(
+            conn, q, user, "cron.trigger", target=name, job_ids=[job_id],
+            arguments={"name": name},
+        )  # fmt: skip
     return CronTriggered(action="cron.trigger", name=name, id=job_id, audit_id=audit_id)
+
+
+# -- scrub -------------------------------------------------------------------------------
+
+
+async def scrub(
+    db: Db,
+    schema: str,
+    *,
+    tenant: str | None = None,
+    kind: str | None = None,
+    before: datetime | timedelta | None = None,
+    user: str | None = None,
+) -> Scrubbed:
+    """Overwrite the args, results and error texts of the final jobs of `tenant` and/or
+    `kind` that finished before `before` (a time, or a duration before now; None: ever)
+    with {"scrubbed": true}, in job_history and in their attempts, audited. Refuses
+    (ScrubRefused, nothing changed) while live jobs match: those are not final yet."""
+    if tenant is None and kind is None:
+        raise InvalidInput("scrub needs a tenant or a kind (or both)")
+    for name, value in (("tenant", tenant), ("kind", kind)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise InvalidInput(f"scrub: {name} must be a non-empty string, got {value!r}")
+    q = for_schema(schema)
+    async with _connection(db) as conn, conn.transaction():
+        await _require_admin(conn, q, schema, "jobs.scrub")
+        cutoff = await _since(conn, before)
+        live = await q.admin_scrub_live(conn, tenant, kind, cutoff)
+        if live:
+            raise ScrubRefused(live)
+        row = await q.admin_scrub(conn, tenant, kind, cutoff)
+        ids, attempts = list(row.ids), int(row.attempts)
+        audit_id = await _audit(
+            conn, q, user, "jobs.scrub", job_ids=ids, detail={"attempts": attempts},
+            arguments={"tenant": tenant, "kind": kind, "before": _shown_since(before),
+                       "cutoff": cutoff.isoformat() if cutoff else None},
+        )  # fmt: skip
+    return Scrubbed(action="jobs.scrub", ids=ids, attempts=attempts, audit_id=audit_id)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 
-_rng = random.Random()
+# Jitter spreads retries over time; nothing about it is a secret.
+_rng = random.Random()  # nosec B311
 
 
 def retry_delay_s(attempt: int, base_s: float, max_s: float, rng: random.Random = _rng) -> float:

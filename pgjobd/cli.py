@@ -20,11 +20,12 @@ import anyio
 import asyncpg
 import msgspec
 
-from pgjobd import __version__, admin, config, daemon, dev, log, migrate
+from pgjobd import __version__, admin, config, daemon, db, dev, log, migrate
 from pgjobd.client import Client
 from pgjobd.duration import parse_duration
 from pgjobd.errors import ConfigError, EnqueueError, PgjobdError, SchemaError
 from pgjobd.handler_loader import check_cron, load_directories
+from pgjobd.redact import redact_args
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -87,6 +88,15 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also create the least-privilege roles <schema>_producer, _readonly, _admin, _worker",
     )
+    p.add_argument(
+        "--rls",
+        action="store_true",
+        help="also turn on row-level security by tenant for producer and readonly logins "
+        "(implies --roles)",
+    )
+    p.add_argument(
+        "--status", action="store_true", help="list applied and pending migrations, change nothing"
+    )
     p.set_defaults(command=_migrate)
 
     p = sub.add_parser(
@@ -128,8 +138,15 @@ def _run(coroutine: Callable[[], Coroutine[Any, Any, int]]) -> int:
 
 
 async def _connect(cfg: config.Config) -> asyncpg.Connection:
-    timeout = cfg.database.connect_timeout.total_seconds()
-    return await asyncpg.connect(cfg.require_dsn(), timeout=timeout)
+    conn: asyncpg.Connection = await asyncpg.connect(
+        cfg.require_dsn(), **db.connect_options(cfg, "pgjobd cli")
+    )
+    return conn
+
+
+async def _cli_pool(cfg: config.Config) -> asyncpg.Pool:
+    """The one-connection pool of a CLI command, with the configured timeouts."""
+    return await db.create_pool(cfg, max_size=1, application_name="pgjobd cli")
 
 
 def _run_member(args: argparse.Namespace) -> int:
@@ -157,12 +174,14 @@ def _migrate(args: argparse.Namespace) -> int:
     async def run() -> int:
         conn = await _connect(cfg)
         try:
+            if args.status:
+                return _print_migration_status(args, schema, await migrate.status(conn, schema))
             if args.dry_run:
                 todo = await migrate.pending(conn, schema)
                 (await migrate.verify(conn, schema)).raise_for_migrate()
-                sys.stdout.write(migrate.dry_run_sql(schema, todo, roles=args.roles))
+                sys.stdout.write(migrate.dry_run_sql(schema, todo, roles=args.roles, rls=args.rls))
                 return EXIT_OK
-            applied = await migrate.migrate(conn, schema, roles=args.roles)
+            applied = await migrate.migrate(conn, schema, roles=args.roles, rls=args.rls)
             version = await migrate.check_schema(conn, schema)
         finally:
             await conn.close()
@@ -176,6 +195,27 @@ def _migrate(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return _run(run)
+
+
+def _print_migration_status(
+    args: argparse.Namespace, schema: str, states: list[migrate.MigrationState]
+) -> int:
+    pending = [s for s in states if s.applied_at is None]
+    if args.json:
+        _print_json({
+            "schema": schema,
+            "applied": [{"version": s.version, "name": s.name, "applied_at": s.applied_at}
+                        for s in states if s.applied_at is not None],
+            "pending": [{"version": s.version, "name": s.name} for s in pending],
+        })  # fmt: skip
+        return EXIT_OK
+    rows = [
+        [f"{s.version:04d}", s.name, _time(s.applied_at) if s.applied_at else "pending"]
+        for s in states
+    ]
+    _table(["VERSION", "NAME", "APPLIED AT"], rows)
+    print(f"schema {schema}: {len(states) - len(pending)} applied, {len(pending)} pending")
+    return EXIT_OK
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -227,10 +267,7 @@ def _enqueue(args: argparse.Namespace) -> int:
     cfg = _load_config(args)
 
     async def run() -> int:
-        pool = await asyncpg.create_pool(
-            cfg.require_dsn(), min_size=1, max_size=1,
-            timeout=cfg.database.connect_timeout.total_seconds(),
-        )  # fmt: skip
+        pool = await _cli_pool(cfg)
         try:
             client = Client(pool, schema=cfg.database.schema)
             job_id = await client.enqueue(
@@ -319,6 +356,15 @@ def _admin_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
             p.add_argument("--limit", type=int, default=admin.DEFAULT_LIMIT)
         p.set_defaults(command=_admin(_dlq_list if name == "list" else _dlq_redrive))
 
+    p = sub.add_parser(
+        "scrub", parents=[common], help="overwrite the payloads and errors of finished jobs"
+    )
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--tenant", help="the jobs of this tenant")
+    which.add_argument("--kind", help="the jobs of this kind")
+    p.add_argument("--before", type=_since, help='finished before: "30d" ago, or an ISO 8601 time')
+    p.set_defaults(command=_admin(_scrub))
+
     cron = sub.add_parser("cron", help="schedules and their next run").add_subparsers(
         metavar="ACTION", required=True
     )
@@ -349,10 +395,7 @@ def _admin(action: AdminAction) -> Command:
         cfg = _load_config(args)
 
         async def run() -> int:
-            pool = await asyncpg.create_pool(
-                cfg.require_dsn(), min_size=1, max_size=1,
-                timeout=cfg.database.connect_timeout.total_seconds(),
-            )  # fmt: skip
+            pool = await _cli_pool(cfg)
             try:
                 async with pool.acquire() as conn:
                     await migrate.check_schema(conn, cfg.database.schema)
@@ -431,6 +474,8 @@ async def _jobs_show(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) 
     info = await Client(pool, schema=schema).job(args.id)
     if info is None:
         raise admin.UnknownJobs([args.id])
+    secret = await admin.redacted_fields(pool, schema, info.kind)
+    info = msgspec.structs.replace(info, args=redact_args(info.args, secret))
     if args.json:
         _print_json(info)
         return EXIT_OK
@@ -500,6 +545,18 @@ async def _dlq_redrive(args: argparse.Namespace, pool: asyncpg.Pool, schema: str
     print(f"redrove {len(done.ids)} dead job(s)" + (f": {_ids(done.ids)}" if done.ids else ""))
     if done.blocked:
         print(f"left dead, a live job holds their unique_key: {_ids(done.blocked)}")
+    return EXIT_OK
+
+
+async def _scrub(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) -> int:
+    done = await admin.scrub(
+        pool, schema, tenant=args.tenant, kind=args.kind, before=args.before,
+        user=admin.os_user(),
+    )  # fmt: skip
+    if args.json:
+        _print_json(done)
+        return EXIT_OK
+    print(f"scrubbed {len(done.ids)} finished job(s) and {done.attempts} attempt(s)")
     return EXIT_OK
 
 

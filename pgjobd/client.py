@@ -19,7 +19,7 @@ import anyio.from_thread
 import asyncpg
 import msgspec
 
-from pgjobd import admin, errors, migrate
+from pgjobd import admin, db, errors, migrate
 from pgjobd.config import MAX_ARGS_BYTES
 from pgjobd.duration import to_timedelta
 from pgjobd.errors import DuplicateJob, EnqueueError, QueueFull
@@ -42,6 +42,10 @@ RUN_AT_BEFORE = datetime(9999, 1, 1, tzinfo=UTC)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 OnConflict = Literal["return", "raise"]
 T = TypeVar("T")
+# Client.connect's session limits: the defaults of database.statement_timeout and
+# database.idle_in_transaction_session_timeout.
+DEFAULT_STATEMENT_TIMEOUT = "30s"
+DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT = "60s"
 # The session's staging table of the COPY path (job_stage_create).
 _STAGE = "pgjobd_enqueue_stage"
 _STAGE_COLUMNS = (
@@ -147,10 +151,25 @@ class Client:
         handlers: Registry | None = None,
         min_size: int = 1,
         max_size: int = 10,
+        tenant: str | None = None,
+        statement_timeout: DurationLike = DEFAULT_STATEMENT_TIMEOUT,
+        idle_in_transaction_timeout: DurationLike = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
     ) -> Client:
+        """A client with a pool of its own. Its sessions run with `statement_timeout` and
+        `idle_in_transaction_timeout` (PostgreSQL's idle_in_transaction_session_timeout);
+        with `tenant`, they set pgjobd.tenant: jobs enqueued without a tenant get this
+        one, jobs of other tenants are refused, and under `migrate --rls` a producer or
+        readonly login reads only this tenant's jobs."""
+        if tenant is not None and (problem := _text_problem("tenant", tenant, MAX_TENANT_BYTES)):
+            raise ValueError(problem)
+        settings = db.session_settings(
+            to_timedelta(statement_timeout), to_timedelta(idle_in_transaction_timeout),
+            "pgjobd client", tenant,
+        )  # fmt: skip
         pool = await asyncpg.create_pool(
-            dsn, min_size=min_size, max_size=max_size, reset=skip_session_reset
-        )
+            dsn, min_size=min_size, max_size=max_size, reset=skip_session_reset,
+            server_settings=settings,
+        )  # fmt: skip
         client = cls(pool, schema=schema, handlers=handlers)
         client._owns_pool = True
         try:
@@ -414,13 +433,18 @@ class SyncClient:
     """`Client` for code without an event loop; runs one in a background thread."""
 
     def __init__(
-        self, dsn: str, *, schema: str = "pgjobd", handlers: Registry | None = None
+        self,
+        dsn: str,
+        *,
+        schema: str = "pgjobd",
+        handlers: Registry | None = None,
+        tenant: str | None = None,
     ) -> None:
         self._portal_cm = anyio.from_thread.start_blocking_portal("asyncio")
         self._portal = self._portal_cm.__enter__()
         try:
             self._client: Client = self._portal.call(
-                lambda: Client.connect(dsn, schema=schema, handlers=handlers)
+                lambda: Client.connect(dsn, schema=schema, handlers=handlers, tenant=tenant)
             )
         except BaseException:
             self._portal_cm.__exit__(None, None, None)

@@ -71,6 +71,7 @@ class DatabaseConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     pool_min: Annotated[int, msgspec.Meta(ge=0, le=1_000)] = 2
     pool_max: Annotated[int, msgspec.Meta(ge=1, le=1_000)] = 10
     statement_timeout: Duration = Duration(seconds=30)
+    idle_in_transaction_session_timeout: Duration = Duration(seconds=60)
     connect_timeout: Duration = Duration(seconds=10)
 
     def __post_init__(self) -> None:

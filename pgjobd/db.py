@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -16,23 +17,46 @@ from pgjobd.config import Config
 ResetHook = Callable[[asyncpg.Connection], Awaitable[None]]
 
 
-def server_settings(config: Config, application_name: str = "pgjobd") -> dict[str, str]:
-    """Settings every pgjobd session runs with; the name shows in pg_stat_activity."""
-    timeout_ms = int(config.database.statement_timeout.total_seconds() * 1000)
-    return {
+def session_settings(
+    statement_timeout: timedelta,
+    idle_in_transaction_timeout: timedelta,
+    application_name: str = "pgjobd",
+    tenant: str | None = None,
+) -> dict[str, str]:
+    """Settings every session pgjobd opens runs with (the daemon's, the client's and the
+    CLI's); the name shows in pg_stat_activity. `tenant` sets pgjobd.tenant (see
+    sql/rls.sql)."""
+    settings = {
         "application_name": application_name,
-        "statement_timeout": str(timeout_ms),
+        "statement_timeout": str(_ms(statement_timeout)),
         # A session that idles inside a transaction holds back vacuum on the hot table;
         # pgjobd's own transactions are single statements, so this never fires for them.
-        "idle_in_transaction_session_timeout": "60000",
+        "idle_in_transaction_session_timeout": str(_ms(idle_in_transaction_timeout)),
         # Notice a dead peer within a minute rather than the kernel's two hours.
         "tcp_keepalives_idle": "30",
         "tcp_keepalives_interval": "10",
         "tcp_keepalives_count": "3",
     }
+    if tenant is not None:
+        settings["pgjobd.tenant"] = tenant
+    return settings
 
 
-def _connect_options(config: Config, application_name: str = "pgjobd") -> dict[str, Any]:
+def _ms(duration: timedelta) -> int:
+    return int(duration.total_seconds() * 1000)
+
+
+def server_settings(config: Config, application_name: str = "pgjobd") -> dict[str, str]:
+    """`session_settings` from the [database] table."""
+    database = config.database
+    return session_settings(
+        database.statement_timeout, database.idle_in_transaction_session_timeout,
+        application_name,
+    )  # fmt: skip
+
+
+def connect_options(config: Config, application_name: str = "pgjobd") -> dict[str, Any]:
+    """asyncpg.connect / create_pool options: the connect timeout and session settings."""
     return {
         "timeout": config.database.connect_timeout.total_seconds(),
         "server_settings": server_settings(config, application_name),
@@ -40,7 +64,11 @@ def _connect_options(config: Config, application_name: str = "pgjobd") -> dict[s
 
 
 async def create_pool(
-    config: Config, *, max_size: int | None = None, reset: ResetHook | None = None
+    config: Config,
+    *,
+    max_size: int | None = None,
+    reset: ResetHook | None = None,
+    application_name: str = "pgjobd",
 ) -> asyncpg.Pool:
     pool_max = max_size or config.database.pool_max
     pool: asyncpg.Pool = await asyncpg.create_pool(
@@ -48,7 +76,7 @@ async def create_pool(
         min_size=min(config.database.pool_min, pool_max),
         max_size=pool_max,
         reset=reset,
-        **_connect_options(config),
+        **connect_options(config, application_name),
     )
     return pool
 
@@ -58,7 +86,7 @@ async def connect_session(
 ) -> asyncpg.Connection:
     """A dedicated session, not from any pool, named e.g. "pgjobd listener"."""
     conn: asyncpg.Connection = await asyncpg.connect(
-        dsn or config.require_dsn(), **_connect_options(config, application_name)
+        dsn or config.require_dsn(), **connect_options(config, application_name)
     )
     return conn
 

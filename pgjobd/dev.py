@@ -23,6 +23,8 @@ from types import FrameType
 
 import asyncpg
 
+from pgjobd import db
+from pgjobd.config import Config
 from pgjobd.embedded import Cluster, default_dev_dir, find_binaries
 from pgjobd.errors import PgjobdError
 from pgjobd.migrate import migrate
@@ -212,7 +214,9 @@ def _reset(cluster: Cluster) -> None:
 async def _prepare(cluster: Cluster) -> None:
     if await cluster.ensure_database(DATABASE):
         _say(f"pgjobd dev: created database {DATABASE}")
-    conn = await asyncpg.connect(cluster.dsn(DATABASE))
+    conn = await asyncpg.connect(
+        cluster.dsn(DATABASE), **db.connect_options(Config(), "pgjobd dev")
+    )
     try:
         applied = await migrate(conn, SCHEMA)
         if applied:

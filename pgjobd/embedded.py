@@ -33,6 +33,8 @@ from typing import Literal, Self, TypedDict
 
 import asyncpg
 
+from pgjobd import db
+from pgjobd.config import Config
 from pgjobd.errors import PgjobdError
 
 SUPERUSER = "postgres"
@@ -164,7 +166,8 @@ def child_identity() -> ChildIdentity:
     if os.geteuid() != 0:
         return ChildIdentity("as-is", os.geteuid(), os.getegid())
     try:
-        subprocess.run(["true"], preexec_fn=_enter_user_namespace, check=True)
+        # A probe of the user namespace: `true` from $PATH, no input of anyone's.
+        subprocess.run(["true"], preexec_fn=_enter_user_namespace, check=True)  # nosec B607
     except (subprocess.SubprocessError, OSError):
         pass  # unshare is forbidden here (seccomp, or user namespaces disabled)
     else:
@@ -592,7 +595,9 @@ class Cluster:
 
     async def ensure_database(self, name: str) -> bool:
         """Create the database unless it exists; True when it was created."""
-        conn = await asyncpg.connect(self.dsn("postgres"))
+        conn = await asyncpg.connect(
+            self.dsn("postgres"), **db.connect_options(Config(), "pgjobd embedded")
+        )
         try:
             exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
             if exists:

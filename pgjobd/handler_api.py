@@ -7,7 +7,7 @@ import inspect
 import logging
 import threading
 import typing
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, overload
 
@@ -17,6 +17,7 @@ from pgjobd.duration import to_timedelta
 from pgjobd.errors import PgjobdError
 from pgjobd.flow import RateLimit, parse_rate_limit
 from pgjobd.names import kind_name_problem, queue_name_problem
+from pgjobd.redact import check_fields
 
 HANDLER_ATTRIBUTE = "__pgjobd_handler__"
 
@@ -43,6 +44,7 @@ class HandlerSpec:
     # Fleet-wide limits of the kind (contract §9), None: no limit.
     global_concurrency: int | None = None
     rate_limit: RateLimit | None = None
+    redact: tuple[str, ...] = ()  # args fields kept out of logs and errors (redact.py)
 
     @property
     def name(self) -> str:
@@ -71,6 +73,7 @@ def job(
     discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
     global_concurrency: int | None = None,
     rate_limit: str | None = None,
+    redact: Sequence[str] = (),
 ) -> Callable[[F], F]: ...
 
 
@@ -86,6 +89,7 @@ def job(
     discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
     global_concurrency: int | None = None,
     rate_limit: str | None = None,
+    redact: Sequence[str] = (),
 ) -> F | Callable[[F], F]:
     """Register a function as the handler of a job kind (its name unless `kind` is given).
 
@@ -104,6 +108,7 @@ def job(
             discard_on=discard_on,
             global_concurrency=global_concurrency,
             rate_limit=rate_limit,
+            redact=redact,
         )
         setattr(fn, HANDLER_ATTRIBUTE, spec)
         return fn
@@ -124,6 +129,7 @@ def _build_spec(
     discard_on: type[BaseException] | tuple[type[BaseException], ...],
     global_concurrency: int | None = None,
     rate_limit: str | None = None,
+    redact: Sequence[str] = (),
 ) -> HandlerSpec:
     if not inspect.isfunction(fn):
         raise TypeError(f"@job decorates functions, not {fn!r}")
@@ -186,6 +192,7 @@ def _build_spec(
         source=inspect.unwrap(fn).__code__.co_filename,
         global_concurrency=global_concurrency,
         rate_limit=rate,
+        redact=check_fields(redact, where),
     )
 
 

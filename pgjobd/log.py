@@ -23,6 +23,8 @@ from typing import Any
 
 import msgspec
 
+from pgjobd.redact import redact_text
+
 _STANDARD_ATTRIBUTES = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 _encoder = msgspec.json.Encoder(enc_hook=str)
 
@@ -33,6 +35,9 @@ ENV_MEMBER = "PGJOBD_MEMBER"
 
 # The fields of the job the current task (or handler thread) runs, if any.
 job_fields: ContextVar[Mapping[str, Any] | None] = ContextVar("pgjobd_job_fields", default=None)
+# The texts of its args fields that the running job's handler declared redact=[...]:
+# kept out of every line logged while it runs.
+job_secrets: ContextVar[tuple[str, ...]] = ContextVar("pgjobd_job_secrets", default=())
 
 
 class JsonFormatter(logging.Formatter):
@@ -47,7 +52,7 @@ class JsonFormatter(logging.Formatter):
             if key not in _STANDARD_ATTRIBUTES:
                 line[key] = value
         if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
+            line["exc"] = record.exc_text or self.formatException(record.exc_info)
         return _encoder.encode(line).decode(errors="replace")
 
 
@@ -79,7 +84,20 @@ class ContextFilter(logging.Filter):
             fields.setdefault("event", "job.log")  # a handler's own line
             for key, value in job.items():
                 fields.setdefault(key, value)
+        hidden = job_secrets.get()
+        if hidden:
+            _redact_record(record, hidden)
         return True
+
+
+def _redact_record(record: logging.LogRecord, hidden: tuple[str, ...]) -> None:
+    """The record's message and traceback with the running job's secrets masked (the
+    formatters use a record's exc_text when it is set)."""
+    record.msg = redact_text(record.getMessage(), hidden)
+    record.args = None
+    if record.exc_info and not record.exc_text:
+        record.exc_text = logging.Formatter().formatException(record.exc_info)
+    record.exc_text = redact_text(record.exc_text, hidden)
 
 
 def setup(log_format: str, level: str) -> None:

@@ -37,6 +37,10 @@ PARTITION_DAYS_AHEAD = 7
 # and for back-dated rows; partitions_ensure itself starts at today.
 PARTITION_DAYS_BACK = 1
 PARTITIONED = ("job_history", "job_attempt")
+# The statement_timeout of migrate's own statements (see `migrate`).
+MIGRATE_TIMEOUT = "1h"
+# The group roles `migrate --roles` creates, as <schema>_<suffix> (sql/roles.sql).
+ROLE_SUFFIXES = ("producer", "readonly", "admin", "worker", "maintainer")
 
 _BOOTSTRAP = """
 CREATE SCHEMA IF NOT EXISTS {{schema}};
@@ -116,12 +120,16 @@ async def pending(conn: asyncpg.Connection, schema: str) -> list[Migration]:
     return [m for m in available() if m.version not in applied]
 
 
-def dry_run_sql(schema: str, migrations: list[Migration], *, roles: bool = False) -> str:
+def dry_run_sql(
+    schema: str, migrations: list[Migration], *, roles: bool = False, rls: bool = False
+) -> str:
     """The SQL `migrate` would run for these pending migrations, as one script."""
     parts = [f"-- bootstrap\n{sql_text.render(_BOOTSTRAP, schema).strip()}"]
     for m in migrations:
+        # The printed script: `schema` passed schema_name_problem (render), the rest is
+        # the migration's own text.
         parts.append(
-            f"-- migration {m.version:04d}_{m.name}\nBEGIN;\n"
+            f"-- migration {m.version:04d}_{m.name}\nBEGIN;\n"  # nosec B608
             f"{sql_text.render(m.sql, schema).strip()}\n"
             f"INSERT INTO {schema}.migration (version, name, checksum) "
             f"VALUES ({m.version}, '{m.name}', '{m.checksum}');\nCOMMIT;"
@@ -135,20 +143,30 @@ def dry_run_sql(schema: str, migrations: list[Migration], *, roles: bool = False
             for parent in PARTITIONED
         )
     )
-    if roles:
+    if roles or rls:
         parts.append(sql_text.render(sql_text.read("roles.sql"), schema).strip())
+    if rls:
+        parts.append(sql_text.render(sql_text.read("rls.sql"), schema).strip())
     return "\n\n".join(parts) + "\n"
 
 
-async def migrate(conn: asyncpg.Connection, schema: str, *, roles: bool = False) -> list[int]:
+async def migrate(
+    conn: asyncpg.Connection, schema: str, *, roles: bool = False, rls: bool = False
+) -> list[int]:
     """Apply every pending migration to `schema`; returns the versions applied.
 
     Refuses with SchemaError, before writing anything, a schema whose objects differ
     from what its recorded migrations built (see `verify`). With `roles`, also create
     the schema's least-privilege group roles (sql/roles.sql); their grants are renewed
-    by every migrate once they exist.
+    by every migrate once they exist. With `rls` (which implies `roles`), also turn on
+    row-level security by tenant (sql/rls.sql), renewed likewise once it is on.
     """
     key = lock_key(MIGRATE, schema)
+    # A migration may rewrite or scan a large table, and may wait for another host's
+    # migrate to finish: longer than a session's usual statement_timeout (the CLI's is
+    # database.statement_timeout), but not for ever. Restored when done.
+    previous = await conn.fetchval("SELECT current_setting('statement_timeout')")
+    await conn.execute("SELECT set_config('statement_timeout', $1, false)", MIGRATE_TIMEOUT)
     await conn.execute("SELECT pg_advisory_lock($1, $2)", *key)
     try:
         todo = await pending(conn, schema)
@@ -178,31 +196,113 @@ async def migrate(conn: asyncpg.Connection, schema: str, *, roles: bool = False)
             PARTITION_DAYS_AHEAD,
         )
         await ensure_past_partitions(conn, schema)
-        if roles or await conn.fetchval(
-            "SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = $1)", f"{schema}_producer"
+        if (
+            roles
+            or rls
+            or await conn.fetchval(
+                "SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = $1)", f"{schema}_producer"
+            )
         ):
-            await conn.execute(sql_text.render(sql_text.read("roles.sql"), schema))
+            async with conn.transaction():
+                await conn.execute(sql_text.render(sql_text.read("roles.sql"), schema))
+        if rls or await rls_enabled(conn, schema):
+            async with conn.transaction():
+                await conn.execute(sql_text.render(sql_text.read("rls.sql"), schema))
         return done
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1, $2)", *key)
+        await conn.execute("SELECT set_config('statement_timeout', $1, false)", previous)
+
+
+async def rls_enabled(conn: asyncpg.Connection, schema: str) -> bool:
+    """Has `migrate --rls` turned row-level security on for this schema's jobs?"""
+    enabled: bool | None = await conn.fetchval(
+        "SELECT c.relrowsecurity FROM pg_class AS c WHERE c.oid = to_regclass($1)",
+        f"{schema}.job",
+    )
+    return bool(enabled)
+
+
+@dataclass(frozen=True)
+class MigrationState:
+    """One migration as `migrate --status` lists it."""
+
+    version: int
+    name: str
+    applied_at: datetime | None  # None: pending
+
+
+async def status(conn: asyncpg.Connection, schema: str) -> list[MigrationState]:
+    """Every migration this pgjobd knows, applied (with when) or pending, in order;
+    SchemaError if the schema is newer than this code or an applied one was edited."""
+    applied = await applied_versions(conn, schema)
+    _refuse_newer(schema, applied)
+    _refuse_edited(schema, applied)
+    when: dict[int, datetime] = {}
+    if applied:
+        rows = await conn.fetch(
+            sql_text.render("SELECT version, applied_at FROM {{schema}}.migration", schema)
+        )
+        when = {row["version"]: row["applied_at"] for row in rows}
+    return [MigrationState(m.version, m.name, when.get(m.version)) for m in available()]
+
+
+def describe_pending(migrations: Iterable[Migration]) -> str:
+    return ", ".join(f"{m.version:04d}_{m.name}" for m in migrations)
+
+
+# A migration that older code cannot run against (the contract step of an
+# expand/contract change) is named contract_<topic>: the only newer migrations that
+# members and clients refuse. Every other newer migration is an expansion they run on.
+CONTRACT_PREFIX = "contract_"
+
+
+async def _newer_names(conn: asyncpg.Connection, schema: str) -> dict[int, str]:
+    rows = await conn.fetch(
+        sql_text.render(
+            "SELECT version, name FROM {{schema}}.migration WHERE version > $1", schema
+        ),
+        code_version(),
+    )
+    return {row["version"]: row["name"] for row in rows}
 
 
 async def check_schema(conn: asyncpg.Connection, schema: str, *, deep: bool = False) -> int:
     """The schema's version, if this code can use it; SchemaError otherwise.
 
+    A schema newer than this code is used, with a warning, unless one of the newer
+    migrations is a contract step (CONTRACT_PREFIX): releases are expand/contract, so
+    a member or client keeps working while the next release's `migrate` runs.
     With `deep` (a member's start), also compare the schema's objects with what the
     migrations build: a missing or altered object is a SchemaError, an object pgjobd
     did not create only a warning (a member works around it; migrate refuses it).
-    A role without the right to create the scratch schema skips the comparison.
+    A role without the right to create the scratch schema skips the comparison, and so
+    does a newer schema (this code cannot know what its migrations built).
     """
     applied = await applied_versions(conn, schema)
-    _refuse_newer(schema, applied)
     current = max(applied, default=0)
+    if current > code_version():
+        newer = await _newer_names(conn, schema)
+        contract = [f"{v:04d}_{n}" for v, n in sorted(newer.items())
+                    if n.startswith(CONTRACT_PREFIX)]  # fmt: skip
+        if contract:
+            raise SchemaError(
+                f"schema {schema!r} is at version {current}, newer than this pgjobd, which "
+                f"knows versions up to {code_version()}, and {', '.join(contract)} removed "
+                "what this version uses: upgrade pgjobd before using this database"
+            )
+        log.warning(
+            "schema %s is at version %d, newer than this pgjobd (%d): running on it, as "
+            "expand/contract releases allow; upgrade pgjobd soon", schema, current,
+            code_version(), extra={"event": "schema.newer", "version": current},
+        )  # fmt: skip
+        return current
     if current < code_version():
         state = "does not exist" if not applied else f"is at version {current}"
+        todo = describe_pending(m for m in available() if m.version not in applied)
         raise SchemaError(
-            f"schema {schema!r} {state}; this pgjobd needs version {code_version()}: "
-            "run `pgjobd migrate`"
+            f"schema {schema!r} {state}; this pgjobd needs version {code_version()}, "
+            f"pending migrations: {todo}: run `pgjobd migrate`"
         )
     if deep:
         found = await verify(conn, schema)

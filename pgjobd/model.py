@@ -65,3 +65,4 @@ class KindInfo(msgspec.Struct, frozen=True):
     timeout_s: float | None
     global_concurrency: int | None = None
     rate_limit: str | None = None  # "N/DURATION", as flow.RateLimit writes it
+    redact: tuple[str, ...] = ()

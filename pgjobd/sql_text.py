@@ -13,7 +13,8 @@ from importlib import resources
 
 from pgjobd.names import schema_name_problem
 
-SCHEMA_TOKEN = "{{schema}}"
+# A placeholder in the SQL files, not a password (bandit B105).
+SCHEMA_TOKEN = "{{schema}}"  # nosec B105
 _NAME_LINE = re.compile(r"^-- name: (\w+)[^\n]*\n", re.MULTILINE)
 
 

@@ -55,6 +55,7 @@ import msgspec
 import uvloop
 
 from pgjobd import log as pgjobd_log
+from pgjobd import redact
 from pgjobd.errors import ConfigError
 from pgjobd.handler_api import (
     ArgsError,
@@ -150,6 +151,7 @@ def kind_info(spec: HandlerSpec) -> KindInfo:
         timeout_s=spec.timeout_s,
         global_concurrency=spec.global_concurrency,
         rate_limit=None if spec.rate_limit is None else str(spec.rate_limit),
+        redact=spec.redact,
     )
 
 
@@ -254,7 +256,21 @@ class Worker:
             self._channel_broken()
 
     async def execute(self, run: Run) -> Done:
-        """Run one job to its Done: convert the args, call the handler, map the result."""
+        """Run one job to its Done: convert the args, call the handler, map the result;
+        with the handler's redact fields kept out of what it logs and of its errors."""
+        spec = self.registry.get(run.job.kind)
+        hidden = _secrets(run.job.args, spec.redact) if spec is not None else ()
+        pgjobd_log.job_secrets.set(hidden)
+        finished = await self._execute(run)
+        if hidden and (finished.error_message or finished.traceback):
+            finished = msgspec.structs.replace(
+                finished,
+                error_message=redact.redact_text(finished.error_message, hidden),
+                traceback=redact.redact_text(finished.traceback, hidden),
+            )
+        return finished
+
+    async def _execute(self, run: Run) -> Done:
         job = run.job
         started = time.monotonic()
 
@@ -285,6 +301,7 @@ class Worker:
         pgjobd_log.job_fields.set(
             {"job_id": job.id, "kind": job.kind, "queue": job.queue, "attempt": job.attempt}
         )
+
         call_args = (args, ctx) if spec.takes_ctx else (args,)
         try:
             if spec.is_async:
@@ -314,6 +331,15 @@ class Worker:
             verdict = "discarded" if isinstance(e, spec.discard_on) else "failed"
             return done(verdict, **_error_fields(e))
         return done("completed", result=_encode_result(value, ctx))
+
+
+def _secrets(args_json: bytes | str, fields: tuple[str, ...]) -> tuple[str, ...]:
+    if not fields:
+        return ()
+    try:
+        return redact.secrets(msgspec.json.decode(args_json), fields)
+    except (msgspec.DecodeError, RecursionError):
+        return ()  # args that do not decode are discarded unread
 
 
 def _being_cancelled() -> bool:

@@ -4,6 +4,7 @@ finishes the jobs it holds, and goes."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -159,6 +160,7 @@ class Generations:
                 info.max_attempts or queue_config.max_attempts,
                 info.timeout_s or queue_config.timeout.total_seconds(),
                 info.global_concurrency, rate and rate.starts, rate and rate.window,
+                json.dumps(list(info.redact)),
             ))  # fmt: skip
         async with db.acquire(self.ctx.pool) as conn:
             if rows:

@@ -61,6 +61,38 @@ async def term_open(conn: asyncpg.Connection, ctx: RoleContext) -> None:
         raise Deposed(ctx.term)
 
 
+@asynccontextmanager
+async def as_table_owner(
+    conn: asyncpg.Connection, ctx: RoleContext, *, timeout_ms: int
+) -> AsyncIterator[None]:
+    """Session state for one DDL statement that needs the job tables' owner and cannot
+    run in a transaction, nor so in a SECURITY DEFINER function: SET ROLE to the
+    schema's maintainer role when the login is a worker (see sql/roles.sql), and an
+    explicit statement_timeout of its own; both reset after it. (A cancelled statement's
+    connection is terminated by `db.acquire`, not reset.) Check the term before: the
+    maintainer may not read the leader table.
+
+    Why not a SECURITY DEFINER function, like partitions_ensure and partition_drop:
+    PostgreSQL refuses these statements inside a function or transaction block."""
+    role = await ctx.queries.maintainer_role_to_set(
+        conn, f"{ctx.config.database.schema}_maintainer"
+    )
+    await conn.execute(f"SET statement_timeout = {int(timeout_ms)}")
+    if role is not None:
+        await conn.execute(f'SET ROLE "{role}"')  # a schema-derived name: never quoted
+    try:
+        yield
+    except asyncpg.PostgresError:
+        await conn.execute(_RESET_OWNER_DDL)
+        raise
+    # Anything else (a cancellation, a broken connection) and the caller terminates the
+    # connection (db.acquire does): resetting it would be an await in a cancelled scope.
+    await conn.execute(_RESET_OWNER_DDL)
+
+
+_RESET_OWNER_DDL = "RESET ROLE; RESET statement_timeout"
+
+
 class Role(Protocol):
     name: ClassVar[str]
 

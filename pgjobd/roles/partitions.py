@@ -14,12 +14,16 @@ import asyncpg
 from pgjobd import db
 from pgjobd.config import Config
 from pgjobd.migrate import PARTITION_DAYS_AHEAD
-from pgjobd.roles import RoleContext, fenced, term_open
+from pgjobd.roles import RoleContext, as_table_owner, fenced, term_open
 
 log = logging.getLogger(__name__)
 
 INTERVAL_S = 3600.0
 PARENTS = ("job_history", "job_attempt")
+# A concurrent detach waits for every transaction that might still see the partition
+# attached: longer than any statement's default limit, but not for ever. One that
+# times out is left pending and finished (FINALIZE) by the next tick.
+DETACH_TIMEOUT_MS = 10 * 60 * 1000
 
 
 def partition_day(name: str, parent: str) -> date | None:
@@ -63,7 +67,7 @@ class PartitionRotator:
                 for day in expired_days(sorted(days), today, keep):
                     await self._detach(conn, ctx, parent, days[day], "CONCURRENTLY")
                     async with fenced(conn, ctx):
-                        await conn.execute(f"DROP TABLE IF EXISTS {schema}.{days[day]}")
+                        await ctx.queries.partition_drop(conn, parent, days[day])
                     log.info(
                         "dropped partition %s.%s (older than %s)", schema, days[day], keep,
                         extra={"event": "partitions.dropped", "partition": days[day]},
@@ -78,8 +82,9 @@ class PartitionRotator:
         # both detach the same expired partition, and one of them finds it gone.
         await term_open(conn, ctx)
         try:
-            await conn.execute(
-                f"ALTER TABLE {schema}.{parent} DETACH PARTITION {schema}.{partition} {how}"
-            )
+            async with as_table_owner(conn, ctx, timeout_ms=DETACH_TIMEOUT_MS):
+                await conn.execute(
+                    f"ALTER TABLE {schema}.{parent} DETACH PARTITION {schema}.{partition} {how}"
+                )
         except (asyncpg.UndefinedTableError, asyncpg.InvalidObjectDefinitionError) as e:
             log.info("partition %s already detached: %s", partition, e)

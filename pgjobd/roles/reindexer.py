@@ -59,7 +59,7 @@ import asyncpg
 
 from pgjobd import db
 from pgjobd.config import Config
-from pgjobd.roles import RoleContext, term_open
+from pgjobd.roles import RoleContext, as_table_owner, term_open
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,8 @@ FAILURE_BACKOFF_S = 600.0
 FAILURE_BACKOFF_MAX_S = 4 * 3600.0
 # A rebuild waits for every transaction older than it; don't let one wait for ever.
 REINDEX_TIMEOUT_MS = 30 * 60 * 1000
+# Dropping an invalid copy waits for the transactions that use the table, no longer.
+DROP_LEFTOVER_TIMEOUT_MS = 5 * 60 * 1000
 
 BTREE_PAGE_OVERHEAD = 24 + 16  # page header + B-tree special space
 BTREE_LEAF_FILL = 0.90  # the default leaf fillfactor
@@ -177,11 +179,10 @@ class Reindexer:
             extra={"event": "reindexer.started", "index": index.name, "term": ctx.term},
         )  # fmt: skip
         started = time.monotonic()
-        await conn.execute(f"SET statement_timeout = {REINDEX_TIMEOUT_MS}")
         try:
-            await conn.execute(f"REINDEX INDEX CONCURRENTLY {index.qualified}")
+            async with as_table_owner(conn, ctx, timeout_ms=REINDEX_TIMEOUT_MS):
+                await conn.execute(f"REINDEX INDEX CONCURRENTLY {index.qualified}")
         except asyncpg.PostgresError as e:
-            await conn.execute("RESET statement_timeout")
             failures = self.failures[index.name] = self.failures.get(index.name, 0) + 1
             wait_s = min(FAILURE_BACKOFF_S * 2 ** (failures - 1), FAILURE_BACKOFF_MAX_S)
             self.not_before[index.name] = time.monotonic() + wait_s
@@ -196,7 +197,8 @@ class Reindexer:
         except BaseException:
             # Cancelled (leadership lost) or the connection broke: end the session from
             # another one, so the REINDEX stops on the server, and never hand back to the
-            # pool (which does not reset sessions) one with a half-hour statement_timeout.
+            # pool (which does not reset sessions) one with a half-hour statement_timeout, or
+            # one still acting as the maintainer role.
             pid = conn.get_server_pid()
             with anyio.move_on_after(5, shield=True), contextlib.suppress(Exception):
                 async with db.acquire(ctx.pool) as other:
@@ -206,7 +208,6 @@ class Reindexer:
             with contextlib.suppress(asyncpg.InterfaceError):
                 conn.terminate()
             raise
-        await conn.execute("RESET statement_timeout")
         self.rebuilt += 1
         self.failures.pop(index.name, None)
         self.suspected.pop(index.name, None)
@@ -232,7 +233,8 @@ class Reindexer:
     async def _drop_leftovers(self, conn: asyncpg.Connection, ctx: RoleContext, table: str) -> None:
         for row in await ctx.queries.index_leftover_list(conn, table):
             await self._check_fence(conn, ctx)
-            await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {row.qualified}")
+            async with as_table_owner(conn, ctx, timeout_ms=DROP_LEFTOVER_TIMEOUT_MS):
+                await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {row.qualified}")
             self.dropped += 1
             log.warning(
                 "dropped %s, left invalid by an interrupted REINDEX CONCURRENTLY",

@@ -7,11 +7,25 @@
 -- meanwhile is seen in its final state rather than taken for an unknown id.
 
 -- name: admin_audit_insert
--- $1 os user ($USER of the client, may be NULL), $2 action, $3 target (queue or cron
--- name, or NULL), $4 job ids, $5 detail (JSON object text)
-INSERT INTO {{schema}}.audit (os_user, action, target, job_ids, detail)
-VALUES ($1, $2, $3, coalesce($4::bigint[], '{}'), coalesce($5::text::jsonb, '{}'))
+-- $1 who ($USER of the client, or the console's token name; may be NULL), $2 action,
+-- $3 target (queue or cron name, or NULL), $4 job ids, $5 detail (JSON object text:
+-- what it did), $6 arguments (JSON object text: what the caller asked for)
+INSERT INTO {{schema}}.audit (os_user, action, target, job_ids, detail, arguments)
+VALUES ($1, $2, $3, coalesce($4::bigint[], '{}'), coalesce($5::text::jsonb, '{}'),
+        coalesce($6::text::jsonb, '{}'))
 RETURNING id;
+
+-- name: admin_role_missing
+-- Before an admin action: the role it needs ($1, <schema>_admin) and this session's
+-- user, when the session holds neither that role's rights nor the schema's owner's (a
+-- superuser holds every role's). No row when it may act, or when the role does not
+-- exist (no `migrate --roles`: the database's own privileges decide).
+-- $1 admin role name, $2 schema
+SELECT r.rolname AS role, current_user AS login
+FROM pg_roles AS r
+WHERE r.rolname = $1 AND NOT pg_has_role(r.oid, 'USAGE')
+  AND NOT EXISTS (SELECT FROM pg_namespace AS n
+                  WHERE n.nspname = $2 AND pg_has_role(n.nspowner, 'USAGE'));
 
 -- name: admin_status_members
 -- Live members (heartbeat within $1), oldest first, with the database's now.
@@ -211,10 +225,11 @@ SELECT ARRAY(SELECT r.id FROM revived AS r ORDER BY r.id) AS ids,
        (SELECT count(*) FROM woken) AS queues_woken;
 
 -- name: admin_dlq_list
--- Dead jobs, most recently dead first.
+-- Dead jobs, most recently dead first, with the args fields their kind redacts.
 -- $1 kind (NULL: any), $2 queue (NULL: any), $3 dead since (NULL: ever), $4 limit
 SELECT h.id, h.kind, h.queue, h.attempt, h.max_attempts, h.reason, h.finished_at,
-       h.enqueued_at, h.last_error, h.args::text AS args
+       h.enqueued_at, h.last_error, h.args::text AS args,
+       (SELECT k.redact FROM {{schema}}.kind AS k WHERE k.name = h.kind) AS redact
 FROM {{schema}}.job_history AS h
 WHERE h.state = 'dead'
   AND ($1::text IS NULL OR h.kind = $1::text)
@@ -264,3 +279,50 @@ SELECT t.now, c.name, c.schedule, c.timezone, c.kind, c.queue, c.catch_up, c.ena
 FROM (SELECT now() AS now) AS t
 LEFT JOIN {{schema}}.cron AS c ON true
 ORDER BY c.name;
+
+-- name: admin_scrub_live
+-- The live jobs a scrub would match (it refuses to run while there are any): of tenant
+-- $1 and/or kind $2 (NULL: any), enqueued before $3 (NULL: ever). At most 20.
+-- $1 tenant, $2 kind, $3 before
+SELECT j.id
+FROM {{schema}}.job AS j
+WHERE ($1::text IS NULL OR j.tenant = $1::text)
+  AND ($2::text IS NULL OR j.kind = $2::text)
+  AND ($3::timestamptz IS NULL OR j.enqueued_at < $3::timestamptz)
+ORDER BY j.id
+LIMIT 20;
+
+-- name: admin_scrub
+-- Overwrites the payloads of final jobs of tenant $1 and/or kind $2 (NULL: any) that
+-- finished before $3 (NULL: ever): args, result (when there is one) and error texts
+-- become {"scrubbed": true} in job_history, and in job_attempt the errors and
+-- tracebacks of their attempts. Rows scrubbed before are left as they are.
+-- $1 tenant, $2 kind, $3 before
+WITH marker AS (
+    SELECT '{"scrubbed": true}'::jsonb AS json, '{"scrubbed": true}'::text AS text
+), scrubbed AS (
+    UPDATE {{schema}}.job_history AS h
+    SET args = m.json,
+        result = CASE WHEN h.result IS NULL THEN NULL ELSE m.json END,
+        last_error = CASE WHEN h.last_error IS NULL THEN NULL ELSE m.text END
+    FROM marker AS m
+    WHERE ($1::text IS NULL OR h.tenant = $1::text)
+      AND ($2::text IS NULL OR h.kind = $2::text)
+      AND ($3::timestamptz IS NULL OR h.finished_at < $3::timestamptz)
+      AND h.args <> m.json
+    RETURNING h.id
+), attempts AS (
+    UPDATE {{schema}}.job_attempt AS a
+    SET error_message = CASE WHEN a.error_message IS NULL THEN NULL ELSE m.text END,
+        traceback = CASE WHEN a.traceback IS NULL THEN NULL ELSE m.text END
+    FROM marker AS m
+    WHERE a.job_id IN (SELECT s.id FROM scrubbed AS s)
+    RETURNING a.job_id
+)
+SELECT ARRAY(SELECT s.id FROM scrubbed AS s ORDER BY s.id) AS ids,
+       (SELECT count(*) FROM attempts) AS attempts;
+
+-- name: admin_kind_redact
+-- The args fields kind $1's handler redacts (@job(redact=...)); no row or NULL: none.
+-- $1 kind
+SELECT k.redact FROM {{schema}}.kind AS k WHERE k.name = $1;

@@ -188,3 +188,20 @@ FROM named AS n
 LEFT JOIN live AS l USING (queue)
 LEFT JOIN {{schema}}.queue AS q ON q.name = n.queue
 ORDER BY n.queue;
+
+-- name: maintainer_role_to_set
+-- The role to SET ROLE to for the DDL that needs the job tables' owner and cannot run
+-- in a function (DETACH PARTITION, REINDEX and DROP INDEX ... CONCURRENTLY): $1, the
+-- schema's <schema>_maintainer, when this session may become it without holding its
+-- rights (a worker login: <schema>_worker is NOINHERIT). No row when it needs none
+-- (the tables' owner, a superuser) or the role does not exist (no `migrate --roles`).
+-- $1 maintainer role name
+SELECT r.rolname
+FROM pg_roles AS r
+WHERE r.rolname = $1 AND pg_has_role(r.oid, 'MEMBER') AND NOT pg_has_role(r.oid, 'USAGE');
+
+-- name: partition_drop
+-- Drops a partition the rotator has detached (migration 0007's partition_drop: a
+-- SECURITY DEFINER function that drops nothing else); false if it was gone already.
+-- $1 parent table name (job_history or job_attempt), $2 partition name
+SELECT {{schema}}.partition_drop($1, $2);

@@ -19,29 +19,32 @@ DELETE FROM {{schema}}.member WHERE id = $1;
 -- name: kind_declare_many
 -- Records each kind's effective defaults and fleet-wide limits as this member's
 -- handlers declare them, so enqueues that name only the kind land in the right queue
--- and every claim honours the kind's limits (the newest member wins).
+-- and every claim honours the kind's limits (the newest member wins), and the args
+-- fields its handler redacts, so that the admin commands mask them.
 -- $1 kinds, $2 queues, $3 priorities, $4 max_attempts, $5 timeouts (s),
--- $6 global concurrencies, $7 rate limits (starts), $8 rate windows, $9 member id
+-- $6 global concurrencies, $7 rate limits (starts), $8 rate windows, $9 redacted fields
+-- (a JSON array of names per kind), $10 member id
 INSERT INTO {{schema}}.kind AS k (name, queue, priority, max_attempts, timeout_s,
                                   declared_by, updated_at, global_concurrency, rate_limit,
-                                  rate_window)
-SELECT d.name, d.queue, d.priority, d.max_attempts, d.timeout_s, $9, now(),
-       d.global_concurrency, d.rate_limit, d.rate_window
+                                  rate_window, redact)
+SELECT d.name, d.queue, d.priority, d.max_attempts, d.timeout_s, $10, now(),
+       d.global_concurrency, d.rate_limit, d.rate_window,
+       ARRAY(SELECT jsonb_array_elements_text(d.redact))
 FROM unnest($1::text[], $2::text[], $3::smallint[], $4::integer[], $5::float8[],
-            $6::integer[], $7::integer[], $8::interval[])
+            $6::integer[], $7::integer[], $8::interval[], $9::text[]::jsonb[])
      AS d(name, queue, priority, max_attempts, timeout_s, global_concurrency, rate_limit,
-          rate_window)
+          rate_window, redact)
 ON CONFLICT (name) DO UPDATE
 SET queue = excluded.queue, priority = excluded.priority,
     max_attempts = excluded.max_attempts, timeout_s = excluded.timeout_s,
     declared_by = excluded.declared_by, updated_at = excluded.updated_at,
     global_concurrency = excluded.global_concurrency, rate_limit = excluded.rate_limit,
-    rate_window = excluded.rate_window
+    rate_window = excluded.rate_window, redact = excluded.redact
 WHERE (k.queue, k.priority, k.max_attempts, k.timeout_s, k.global_concurrency,
-       k.rate_limit, k.rate_window)
+       k.rate_limit, k.rate_window, k.redact)
       IS DISTINCT FROM (excluded.queue, excluded.priority, excluded.max_attempts,
                         excluded.timeout_s, excluded.global_concurrency,
-                        excluded.rate_limit, excluded.rate_window);
+                        excluded.rate_limit, excluded.rate_window, excluded.redact);
 
 -- name: queue_limits_write
 -- Writes the fleet-wide limits of the queues this member serves, as its config says

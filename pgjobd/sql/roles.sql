@@ -1,28 +1,70 @@
 -- Least-privilege group roles for one pgjobd schema, created by `pgjobd migrate --roles`
 -- and re-granted by every later migrate while they exist. They are NOLOGIN: grant them
 -- to your applications' login roles (GRANT {{schema}}_producer TO app_user).
---   {{schema}}_producer  enqueue (the SQL functions, and the Python client's COPY path)
---   {{schema}}_readonly  read every pgjobd table (dashboards, `pgjobd status`)
---   {{schema}}_admin     readonly + act on jobs, queues and schedules (the admin CLI)
---   {{schema}}_worker    what `pgjobd run` needs short of owning the schema
--- Migrations themselves (DDL) need the schema's owner.
+--   {{schema}}_producer    enqueue (the SQL functions, and the Python client's COPY path)
+--                          and read jobs back (Client.job)
+--   {{schema}}_readonly    read every pgjobd table (dashboards, `pgjobd status`)
+--   {{schema}}_admin       readonly + act on jobs, queues and schedules (the admin CLI)
+--   {{schema}}_worker      what `pgjobd run` needs short of owning the schema
+--   {{schema}}_maintainer  owns the job tables (job, job_history, job_attempt and the
+--                          partitions): never granted to a login. {{schema}}_worker is
+--                          NOINHERIT and a member of it, so a worker login does not
+--                          hold its rights but may SET ROLE to it: the leader does, for
+--                          the three statements that need a table's owner and cannot
+--                          run in a function (DETACH PARTITION CONCURRENTLY, REINDEX and
+--                          DROP INDEX CONCURRENTLY). See docs/decisions.md, issue 14.
+-- Migrations themselves (DDL) need the schema's owner. The privilege matrix these
+-- grants must give is tests/integration/test_roles.py's ROLE_MATRIX.
 
 DO $$
 DECLARE
     role_name text;
 BEGIN
     FOREACH role_name IN ARRAY ARRAY['{{schema}}_producer', '{{schema}}_readonly',
-                                     '{{schema}}_admin', '{{schema}}_worker'] LOOP
+                                     '{{schema}}_admin', '{{schema}}_worker',
+                                     '{{schema}}_maintainer'] LOOP
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = role_name) THEN
             EXECUTE format('CREATE ROLE %I NOLOGIN', role_name);
         END IF;
+    END LOOP;
+    -- Whoever migrates must be able to give the maintainer the tables (and to act as
+    -- it in partitions_ensure): a superuser already may.
+    IF NOT (SELECT r.rolsuper FROM pg_roles AS r WHERE r.rolname = current_user) THEN
+        EXECUTE format('GRANT %I TO %I', '{{schema}}_maintainer', current_user);
+    END IF;
+END;
+$$;
+ALTER ROLE {{schema}}_worker NOINHERIT;
+GRANT {{schema}}_maintainer TO {{schema}}_worker;
+
+-- The job tables, their partitions (and with them the identity sequence and every
+-- index) belong to the maintainer.
+ALTER TABLE {{schema}}.job OWNER TO {{schema}}_maintainer;
+ALTER TABLE {{schema}}.job_history OWNER TO {{schema}}_maintainer;
+ALTER TABLE {{schema}}.job_attempt OWNER TO {{schema}}_maintainer;
+DO $$
+DECLARE
+    part record;
+BEGIN
+    FOR part IN
+        SELECT c.relname FROM pg_inherits AS i
+        JOIN pg_class AS c ON c.oid = i.inhrelid
+        WHERE i.inhparent IN ('{{schema}}.job_history'::regclass,
+                              '{{schema}}.job_attempt'::regclass)
+          AND c.relowner <> '{{schema}}_maintainer'::regrole
+    LOOP
+        EXECUTE format('ALTER TABLE %I.%I OWNER TO %I', '{{schema}}', part.relname,
+                       '{{schema}}_maintainer');
     END LOOP;
 END;
 $$;
 
 GRANT USAGE ON SCHEMA {{schema}}
-    TO {{schema}}_producer, {{schema}}_readonly, {{schema}}_admin, {{schema}}_worker;
+    TO {{schema}}_producer, {{schema}}_readonly, {{schema}}_admin, {{schema}}_worker,
+       {{schema}}_maintainer;
 
+-- Functions are executable by PUBLIC unless revoked: grant each to whom calls it.
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {{schema}} FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     {{schema}}.enqueue(text, jsonb, text, integer, timestamptz, text, text, integer, interval, text,
                        integer, text),
@@ -31,9 +73,41 @@ GRANT EXECUTE ON FUNCTION
     -- The client's COPY path admits its batch through this one (max_depth, groups).
     {{schema}}.queue_admit(text[], integer[], boolean[])
     TO {{schema}}_producer, {{schema}}_admin, {{schema}}_worker;
+-- Read into the statements that call them (the COPY path, completion, the reaper,
+-- admin cancel), which run with the caller's rights.
+GRANT EXECUTE ON FUNCTION
+    {{schema}}.job_defaults(text, smallint, integer, text, integer, timestamptz, interval,
+                            integer)
+    TO {{schema}}_producer, {{schema}}_admin, {{schema}}_worker;
+GRANT EXECUTE ON FUNCTION
+    {{schema}}.job_finish(anyarray, text[], text[], jsonb[]),
+    {{schema}}.job_end_reason(text, integer, integer, integer, integer, boolean)
+    TO {{schema}}_admin, {{schema}}_worker;
+GRANT EXECUTE ON FUNCTION
+    {{schema}}.partitions_ensure(integer),
+    {{schema}}.partition_drop(text, text)
+    TO {{schema}}_worker;
+-- Flow control (migration 0007): the limited claim and what it calls (with the
+-- worker's rights), and the leader's depth recount.
+GRANT EXECUTE ON FUNCTION
+    {{schema}}.job_claim_flow(text, integer, text, interval),
+    {{schema}}.job_group_heads(text, text, text, integer, text[], integer),
+    {{schema}}.flow_lock(text),
+    {{schema}}.flow_rate_room(text, integer, interval, timestamptz, integer),
+    {{schema}}.flow_rate_take(text, interval, timestamptz, integer),
+    {{schema}}.queue_depth_recount(text[])
+    TO {{schema}}_worker;
+-- Read into the COPY path's statement (job_enqueue_staged), with the caller's rights.
+GRANT EXECUTE ON FUNCTION {{schema}}.queue_admit_needed(boolean)
+    TO {{schema}}_producer, {{schema}}_admin, {{schema}}_worker;
+-- (Trigger functions need no EXECUTE: a trigger fires whoever writes.)
+
 GRANT SELECT ON {{schema}}.migration, {{schema}}.kind TO {{schema}}_producer;
 -- queue_admit_needed, on the COPY path: which queues have a max_depth.
 GRANT SELECT (name, max_depth) ON {{schema}}.queue TO {{schema}}_producer;
+-- Client.job: the job, its final record and its errors (only its tenant's under --rls).
+GRANT SELECT ON {{schema}}.job, {{schema}}.job_history, {{schema}}.job_attempt
+    TO {{schema}}_producer;
 -- Only the columns the client's COPY path writes: the rest (attempt, owner, fence,
 -- lease, enqueued_at...) keep their defaults, which every member can work with.
 REVOKE INSERT ON {{schema}}.job FROM {{schema}}_producer;
@@ -53,8 +127,10 @@ GRANT INSERT, UPDATE, DELETE ON {{schema}}.member, {{schema}}.leader, {{schema}}
 -- Flow control: the limited claim's rate log, and the leader's depth recount.
 GRANT INSERT, UPDATE, DELETE ON {{schema}}.flow_start TO {{schema}}_worker;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA {{schema}} TO {{schema}}_admin, {{schema}}_worker;
-GRANT EXECUTE ON FUNCTION {{schema}}.partitions_ensure(integer) TO {{schema}}_worker;
 
--- The admin CLI's audit trail, and retry/redrive, which move final records back.
+-- The admin CLI's audit trail, retry/redrive (which move final records back) and scrub
+-- (which overwrites payloads and errors in final records).
 GRANT INSERT ON {{schema}}.audit TO {{schema}}_admin;
 GRANT DELETE ON {{schema}}.job_history TO {{schema}}_admin;
+GRANT UPDATE (args, result, last_error) ON {{schema}}.job_history TO {{schema}}_admin;
+GRANT UPDATE (error_message, traceback) ON {{schema}}.job_attempt TO {{schema}}_admin;

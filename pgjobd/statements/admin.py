@@ -97,6 +97,21 @@ class DeadRow(NamedTuple):
     enqueued_at: datetime
     last_error: str | None
     args: str  # JSON text
+    redact: list[str] | None  # the args fields its kind redacts
+
+
+class MissingRoleRow(NamedTuple):
+    role: str
+    login: str
+
+
+class KindRedactRow(NamedTuple):
+    redact: list[str] | None
+
+
+class ScrubbedRow(NamedTuple):
+    ids: list[int]
+    attempts: int
 
 
 class PausedRow(NamedTuple):
@@ -125,13 +140,37 @@ class AdminStatements(Rendered):
     @statement("admin_audit_insert")
     async def admin_audit_insert(
         self, conn: Conn, user: str | None, action: str, target: str | None,
-        job_ids: Sequence[int], detail: str,
+        job_ids: Sequence[int], detail: str, arguments: str,
     ) -> int:  # fmt: skip
-        """The audit row's id; `detail` is a JSON object's text."""
+        """The audit row's id; `detail` and `arguments` are JSON objects' text."""
         audit_id: int = await conn.fetchval(
-            self.sql("admin_audit_insert"), user, action, target, job_ids, detail
+            self.sql("admin_audit_insert"), user, action, target, job_ids, detail, arguments
         )
         return audit_id
+
+    @statement("admin_role_missing")
+    async def admin_role_missing(self, conn: Conn, role: str, schema: str) -> MissingRoleRow | None:
+        """The role an admin action needs and the session's user, when it lacks it."""
+        record = await conn.fetchrow(self.sql("admin_role_missing"), role, schema)
+        return row_of(MissingRoleRow, record)
+
+    @statement("admin_scrub_live")
+    async def admin_scrub_live(
+        self, conn: Conn, tenant: str | None, kind: str | None, before: datetime | None
+    ) -> list[int]:
+        records = await conn.fetch(self.sql("admin_scrub_live"), tenant, kind, before)
+        return [row[0] for row in records]
+
+    @statement("admin_scrub")
+    async def admin_scrub(
+        self, conn: Conn, tenant: str | None, kind: str | None, before: datetime | None
+    ) -> ScrubbedRow:
+        record = await conn.fetchrow(self.sql("admin_scrub"), tenant, kind, before)
+        return one_row("admin_scrub", ScrubbedRow, record)
+
+    @statement("admin_kind_redact")
+    async def admin_kind_redact(self, conn: Conn, kind: str) -> KindRedactRow | None:
+        return row_of(KindRedactRow, await conn.fetchrow(self.sql("admin_kind_redact"), kind))
 
     @statement("admin_status_members")
     async def admin_status_members(self, conn: Conn, liveness: timedelta) -> list[MemberRow]:

@@ -94,6 +94,18 @@ class LeaderStatements(Rendered):
     async def partition_list(self, conn: Conn, parent: str) -> list[Partition]:
         return rows_of(Partition, await conn.fetch(self.sql("partition_list"), parent))
 
+    @statement("maintainer_role_to_set")
+    async def maintainer_role_to_set(self, conn: Conn, maintainer: str) -> str | None:
+        """The role to SET ROLE to for the owner's DDL, or None when none is needed."""
+        role: str | None = await conn.fetchval(self.sql("maintainer_role_to_set"), maintainer)
+        return role
+
+    @statement("partition_drop")
+    async def partition_drop(self, conn: Conn, parent: str, partition: str) -> bool:
+        """False when the partition was gone already."""
+        dropped: bool = await conn.fetchval(self.sql("partition_drop"), parent, partition)
+        return dropped
+
     @statement("job_next_lease_expiry")
     async def job_next_lease_expiry(self, conn: Conn, term: int, lease: timedelta) -> float | None:
         """Seconds until the next lease runs out (None: no job is running)."""

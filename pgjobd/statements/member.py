@@ -20,6 +20,7 @@ class KindDeclared(NamedTuple):
     global_concurrency: int | None
     rate_limit: int | None  # starts per rate_window
     rate_window: timedelta | None
+    redact: str  # the args fields its handler redacts, as a JSON array's text
 
 
 class QueueLimits(NamedTuple):

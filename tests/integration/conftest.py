@@ -8,21 +8,21 @@ import asyncpg
 import pytest
 
 from pgjobd import migrate
+from tests.logins import create_logins, drop_roles
 
 
 @pytest.fixture
-async def producer_login(dsn: str, conn: asyncpg.Connection, schema: str) -> AsyncIterator[str]:
-    """A login role whose only privilege is membership in <schema>_producer."""
+async def logins(conn: asyncpg.Connection, schema: str) -> AsyncIterator[dict[str, str]]:
+    """`migrate --roles`, and one login role per group role that holds only that group
+    (tests.logins.create_logins)."""
     await migrate.migrate(conn, schema, roles=True)
-    login = f"{schema}_app"
-    await conn.execute(f"CREATE ROLE {login} LOGIN")
-    await conn.execute(f"GRANT {schema}_producer TO {login}")
     try:
-        yield login
+        yield await create_logins(conn, schema)
     finally:
-        await conn.execute(f"DROP SCHEMA {schema} CASCADE")
-        for role in (
-            login,
-            *(f"{schema}_{r}" for r in ("producer", "readonly", "admin", "worker")),
-        ):
-            await conn.execute(f"DROP ROLE IF EXISTS {role}")
+        await drop_roles(conn, schema)
+
+
+@pytest.fixture
+async def producer_login(logins: dict[str, str]) -> str:
+    """A login role whose only privilege is membership in <schema>_producer."""
+    return logins["producer"]

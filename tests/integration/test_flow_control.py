@@ -261,8 +261,8 @@ async def test_a_kinds_limits_hold_across_queues(
     q = fleet.q
     await q.kind_declare_many(
         conn,
-        [KindDeclared("capped", "a", 0, 20, 60.0, 2, None, None),
-         KindDeclared("free", "a", 0, 20, 60.0, None, None, None)],
+        [KindDeclared("capped", "a", 0, 20, 60.0, 2, None, None, "[]"),
+         KindDeclared("free", "a", 0, 20, 60.0, None, None, None, "[]")],
         "test-member",
     )  # fmt: skip
     for n in range(30):

@@ -110,26 +110,42 @@ async def test_dry_run_prints_the_sql_and_changes_nothing(
     assert not exists
 
 
-async def test_a_schema_newer_than_the_code_is_refused_by_migrate_and_client(
+async def test_a_schema_newer_than_the_code_is_refused_by_migrate_but_used_by_clients(
     dsn: str, conn: asyncpg.Connection, schema: str
 ) -> None:
+    """Expand/contract: the next release's expansions leave this release working; only
+    its migrate refuses (it cannot know what the newer migrations built)."""
     newer = migrate.code_version() + 7
     await conn.execute(
         f"INSERT INTO {schema}.migration (version, name, checksum) VALUES ($1, 'future', 'x')",
         newer,
     )
 
-    with pytest.raises(SchemaError) as refused:
-        await migrate.check_schema(conn, schema)
-    message = str(refused.value)
-    assert f"version {newer}" in message and f"up to {migrate.code_version()}" in message
-
-    with pytest.raises(SchemaError):
-        await Client.connect(dsn, schema=schema)
+    assert await migrate.check_schema(conn, schema, deep=True) == newer
+    async with await Client.connect(dsn, schema=schema) as client:
+        assert await client.enqueue("k") > 0
 
     result = await _pgjobd_migrate(dsn, schema)
     assert result.returncode == 1
     assert f"version {newer}" in result.stderr.decode()
+    assert f"up to {migrate.code_version()}" in result.stderr.decode()
+
+
+async def test_a_newer_contract_migration_is_refused_by_clients_and_members(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    newer = migrate.code_version() + 2
+    await conn.execute(
+        f"INSERT INTO {schema}.migration (version, name, checksum) "
+        "VALUES ($1, 'contract_drop_old_columns', 'x')",
+        newer,
+    )
+    with pytest.raises(SchemaError) as refused:
+        await migrate.check_schema(conn, schema)
+    message = str(refused.value)
+    assert f"version {newer}" in message and f"{newer:04d}_contract_drop_old_columns" in message
+    with pytest.raises(SchemaError):
+        await Client.connect(dsn, schema=schema)
 
 
 async def test_a_missing_schema_is_reported_with_what_to_run(

@@ -125,7 +125,7 @@ async def test_a_producer_role_can_enqueue_and_do_nothing_else(
             f"SELECT id FROM {schema}.enqueue_many(ARRAY['k'], ARRAY['{{}}']::jsonb[])"
         )
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
-            await conn.fetch(f"SELECT * FROM {schema}.job")
+            await conn.fetch(f"SELECT * FROM {schema}.member")
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await conn.execute(f"DELETE FROM {schema}.job")
         with pytest.raises(asyncpg.InsufficientPrivilegeError):

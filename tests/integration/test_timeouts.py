@@ -1,0 +1,149 @@
+"""Every connection pgjobd opens runs with a statement_timeout and an
+idle_in_transaction_session_timeout: read back with SHOW through each kind (the
+member's pool and dedicated sessions, the client's pool, the CLI's connection and
+pool, `pgjobd dev`'s), and the leader's long DDL runs with its own explicit limit."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import anyio
+import asyncpg
+import pytest
+
+import pgjobd
+from pgjobd import Client, cli, db, migrate
+from pgjobd.config import Config, DatabaseConfig
+from pgjobd.duration import Duration
+from pgjobd.roles import RoleContext, as_table_owner
+
+pytestmark = pytest.mark.anyio
+
+
+def _config(dsn: str, schema: str = "pgjobd") -> Config:
+    return Config(
+        database=DatabaseConfig(
+            schema=schema,
+            statement_timeout=Duration(seconds=7),
+            idle_in_transaction_session_timeout=Duration(seconds=11),
+        ),
+        dsn=dsn,
+    )
+
+
+async def _limits(conn: asyncpg.Connection) -> tuple[str, str]:
+    return (
+        await conn.fetchval("SHOW statement_timeout"),
+        await conn.fetchval("SHOW idle_in_transaction_session_timeout"),
+    )
+
+
+async def test_the_members_pool_and_sessions_and_the_clis_carry_the_configured_limits(
+    dsn: str,
+) -> None:
+    config = _config(dsn)
+    pool = await db.create_pool(config, max_size=1)
+    try:
+        async with db.acquire(pool) as conn:
+            assert await _limits(conn) == ("7s", "11s")
+    finally:
+        await pool.close()
+    session = await db.connect_session(config, "pgjobd listener")
+    try:
+        assert await _limits(session) == ("7s", "11s")
+    finally:
+        await session.close()
+    connection = await cli._connect(config)
+    try:
+        assert await _limits(connection) == ("7s", "11s")
+    finally:
+        await connection.close()
+    cli_pool = await cli._cli_pool(config)
+    try:
+        async with cli_pool.acquire() as conn:
+            assert await _limits(conn) == ("7s", "11s")
+    finally:
+        await cli_pool.close()
+
+
+async def test_the_clients_pool_has_limits_by_default_and_as_given(dsn: str, schema: str) -> None:
+    async with await Client.connect(dsn, schema=schema) as client, client.pool.acquire() as conn:
+        assert await _limits(conn) == ("30s", "1min")
+    async with (
+        await Client.connect(
+            dsn, schema=schema, statement_timeout="2s", idle_in_transaction_timeout="3s"
+        ) as client,
+        client.pool.acquire() as conn,
+    ):
+        assert await _limits(conn) == ("2s", "3s")
+
+
+async def test_a_cli_command_runs_under_the_configured_statement_timeout(
+    dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """The limit reaches the server from the CLI's own process: a command whose
+    statement outlives it fails with PostgreSQL's statement timeout."""
+    config = tmp_path / "pgjobd.toml"
+    config.write_text(f'[database]\nschema = "{schema}"\nstatement_timeout = "1ms"\n')
+    done = await anyio.run_process(
+        [sys.executable, "-m", "pgjobd", "status", "--config", str(config), "--dsn", dsn],
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "statement timeout" in done.stderr.decode()
+
+
+async def test_the_leaders_owner_ddl_runs_with_its_own_limit_then_the_sessions(
+    dsn: str, leading: RoleContext
+) -> None:
+    async with db.acquire(leading.pool) as conn:
+        await conn.execute("SET statement_timeout = '9s'")  # the session's own
+        async with as_table_owner(conn, leading, timeout_ms=123_000):
+            assert await conn.fetchval("SHOW statement_timeout") == "123s"
+        # Back to the session's default (the pool's), not to the 9s: RESET.
+        assert await conn.fetchval("SHOW statement_timeout") == "0"
+
+
+def test_no_module_opens_a_connection_without_the_session_settings() -> None:
+    """asyncpg.connect / create_pool are called only where the settings are passed:
+    db.py (the member, the CLI), client.py (Client.connect) and embedded.py/dev.py,
+    each with server_settings or db.connect_options."""
+    package = Path(pgjobd.__file__).parent
+    unguarded = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("connect", "create_pool")
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "asyncpg"
+            ):
+                continue
+            keywords = {k.arg for k in node.keywords}
+            if "server_settings" not in keywords and None not in keywords:  # None: **options
+                unguarded.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert not unguarded, f"connections opened without the session settings: {unguarded}"
+
+
+def test_session_settings_render_durations_as_milliseconds() -> None:
+    settings = db.session_settings(timedelta(seconds=1.5), timedelta(minutes=2), "x", "acme")
+    assert settings["statement_timeout"] == "1500"
+    assert settings["idle_in_transaction_session_timeout"] == "120000"
+    assert settings["pgjobd.tenant"] == "acme"
+
+
+async def test_migrate_runs_under_its_own_limit_and_gives_the_session_its_own_back(
+    dsn: str, schema_name: str
+) -> None:
+    session = await cli._connect(_config(dsn, schema_name))
+    try:
+        await migrate.migrate(session, schema_name)
+        assert await _limits(session) == ("7s", "11s")
+    finally:
+        await session.execute(f"DROP SCHEMA IF EXISTS {schema_name} CASCADE")
+        await session.close()
