@@ -648,4 +648,4 @@ async def api_dead(console: Console, request: Request) -> Response:
 async def api_dead_groups(console: Console, request: Request) -> Response:
     within = timedelta(hours=_dead_hours(request))
     groups = await reads.dead_groups(console.db, console.schema, within=within)
-    return _json_response({"groups": groups})
+    return _json_response({"groups": [group._asdict() for group in groups]})
