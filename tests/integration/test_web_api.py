@@ -430,3 +430,20 @@ async def test_the_command_refuses_a_bad_web_config_with_exit_78(
     )
     assert done.returncode == 78, done.stderr.decode()
     assert message in done.stderr.decode()
+
+
+async def test_the_overview_shows_a_queues_limits(
+    console: Console, jobs: Population, conn: asyncpg.Connection, schema: str
+) -> None:
+    await conn.execute(
+        f"""INSERT INTO {schema}.queue (name, global_concurrency, rate_limit, rate_window,
+                max_depth) VALUES ('default', 4, 100, interval '1 minute', 5000)
+            ON CONFLICT (name) DO UPDATE SET global_concurrency = 4, rate_limit = 100,
+                rate_window = interval '1 minute', max_depth = 5000"""
+    )
+    client = await console()
+    page = (await client.get("/")).text
+    row = page[page.index('data-queue="default"') :].split("</tr>")[0]
+    assert "1/4 running" in row and "depth ≤ 5000" in row
+    limited = (await client.get("/api/status")).json()["queues"]["default"]["limited"]
+    assert limited["global_concurrency"] == 4 and limited["rate_limit"] in row
