@@ -173,6 +173,7 @@ class JobSummary(msgspec.Struct, frozen=True):
     reason: str | None
     last_error: str | None
     cancel_requested: bool
+    tenant: str | None = None
 
 
 class DeadJob(msgspec.Struct, frozen=True):
@@ -378,9 +379,30 @@ async def status(db: Db, schema: str, *, liveness: timedelta = MEMBER_LIVENESS) 
         _connection(db) as conn,
         conn.transaction(isolation="repeatable_read", readonly=True),
     ):
-        leader_row = await q.admin_status_leader(conn, *unsigned(lock_key(LEADER, schema)))
-        member_rows = await q.admin_status_members(conn, liveness)
+        members, leader = await _fleet(conn, q, schema, liveness)
         queue_rows = await q.admin_status_queues(conn, liveness)
+    queues = {r.queue: _queue_status(r) for r in queue_rows}
+    return Status(members=members, leader=leader, queues=queues)
+
+
+async def fleet(
+    db: Db, schema: str, *, liveness: timedelta = MEMBER_LIVENESS
+) -> tuple[list[MemberStatus], LeaderStatus | None]:
+    """`status`'s members and leader without its queue counts (which read every live
+    job): the web console's members page."""
+    q = for_schema(schema)
+    async with (
+        _connection(db) as conn,
+        conn.transaction(isolation="repeatable_read", readonly=True),
+    ):
+        return await _fleet(conn, q, schema, liveness)
+
+
+async def _fleet(
+    conn: asyncpg.Connection, q: Queries, schema: str, liveness: timedelta
+) -> tuple[list[MemberStatus], LeaderStatus | None]:
+    leader_row = await q.admin_status_leader(conn, *unsigned(lock_key(LEADER, schema)))
+    member_rows = await q.admin_status_members(conn, liveness)
     leader = LeaderStatus(member=leader_row.member, term=leader_row.term) if leader_row else None
     members = [
         msgspec.convert(
@@ -388,8 +410,7 @@ async def status(db: Db, schema: str, *, liveness: timedelta = MEMBER_LIVENESS) 
         )
         for r in member_rows
     ]
-    queues = {r.queue: _queue_status(r) for r in queue_rows}
-    return Status(members=members, leader=leader, queues=queues)
+    return members, leader
 
 
 def _queue_status(row: QueueStatusRow) -> QueueStatus:
@@ -415,9 +436,12 @@ async def list_jobs(
     queue: str | None = None,
     kind: str | None = None,
     limit: int = DEFAULT_LIMIT,
+    tenant: str | None = None,
+    before: int | None = None,
 ) -> list[JobSummary]:
     """Jobs newest first; live states are read from the hot table, final ones from
-    history, and only the tables the states need are read."""
+    history, and only the tables the states need are read. `before` pages by key: only
+    jobs with a lower id (the previous page's last id)."""
     if states is not None:
         bad = sorted(set(states) - set(STATES))
         if bad:
@@ -430,8 +454,9 @@ async def list_jobs(
     q = for_schema(schema)
     async with _connection(db) as conn:
         rows = await q.admin_jobs_list(
-            conn, list(states) if states is not None else None, queue, kind, limit, live, final
-        )
+            conn, list(states) if states is not None else None, queue, kind, limit, live, final,
+            tenant, before,
+        )  # fmt: skip
     return [msgspec.convert(r._asdict(), JobSummary) for r in rows]
 
 
@@ -584,17 +609,48 @@ async def redrive(
         await _require_admin(conn, q, schema, "dlq.redrive")
         start = await _since(conn, since)
         dead = await q.admin_dlq_ids(conn, kind, queue, start)
-        ids: list[int] = []
-        blocked: list[int] = []
-        if dead:
-            revive = await q.admin_jobs_revive(conn, dead)
-            ids, blocked = revive.ids, revive.blocked
         filters = {"kind": kind, "queue": queue, "since": start.isoformat() if start else None}
-        audit_id = await _audit(
-            conn, q, user, "dlq.redrive", target=queue, job_ids=ids,
-            detail={"filters": filters, "blocked": blocked},
-            arguments={"kind": kind, "queue": queue, "since": _shown_since(since)},
-        )  # fmt: skip
+        arguments = {"kind": kind, "queue": queue, "since": _shown_since(since)}
+        return await _redrive_ids(
+            conn, q, dead, user, target=queue, detail={"filters": filters}, arguments=arguments
+        )
+
+
+async def redrive_group(
+    db: Db, schema: str, key: str, *, within: timedelta, user: str | None = None
+) -> Redrive:
+    """Retry the dead jobs of one error group (the web console's dead-jobs page: the
+    SQL function dead_group_key) that died within `within`, as `redrive` does."""
+    q = for_schema(schema)
+    async with _connection(db) as conn, conn.transaction():
+        await _require_admin(conn, q, schema, "dlq.redrive")
+        dead = await q.admin_dlq_group_ids(conn, key, within)
+        detail = {"group": key, "within_s": within.total_seconds()}
+        arguments = {"group": key, "within": within.total_seconds()}
+        return await _redrive_ids(
+            conn, q, dead, user, target=None, detail=detail, arguments=arguments
+        )
+
+
+async def _redrive_ids(
+    conn: asyncpg.Connection,
+    q: Queries,
+    dead: list[int],
+    user: str | None,
+    *,
+    target: str | None,
+    detail: dict[str, Any],
+    arguments: dict[str, Any],
+) -> Redrive:
+    ids: list[int] = []
+    blocked: list[int] = []
+    if dead:
+        revive = await q.admin_jobs_revive(conn, dead)
+        ids, blocked = revive.ids, revive.blocked
+    audit_id = await _audit(
+        conn, q, user, "dlq.redrive", target=target, job_ids=ids,
+        detail={**detail, "blocked": blocked}, arguments=arguments,
+    )  # fmt: skip
     return Redrive(action="dlq.redrive", ids=ids, blocked=blocked, audit_id=audit_id)
 
 

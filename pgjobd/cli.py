@@ -119,6 +119,10 @@ def _parser() -> argparse.ArgumentParser:
 
     _admin_parsers(sub, common)
 
+    p = sub.add_parser("web", parents=[common], help="the web console and its JSON API")
+    p.add_argument("--listen", metavar="HOST:PORT", help="default: [web] listen, 127.0.0.1:9470")
+    p.set_defaults(command=_web)
+
     p = sub.add_parser("dev", help="a private PostgreSQL, the schema and example jobs")
     dev.add_arguments(p)
     p.set_defaults(command=dev.run)
@@ -283,6 +287,28 @@ def _enqueue(args: argparse.Namespace) -> int:
     return _run(run)
 
 
+def _web(args: argparse.Namespace) -> int:
+    cfg = _load_config(args)
+    if args.listen is not None:
+        try:
+            cfg = msgspec.structs.replace(
+                cfg, web=msgspec.structs.replace(cfg.web, listen=args.listen)
+            )
+        except config.FieldProblem as e:
+            raise ConfigError(f"--listen: {e.message}") from None
+    host, port = cfg.web.address
+    cfg.require_dsn()
+    log.setup(cfg.daemon.log_format, cfg.daemon.log_level)
+    try:
+        from pgjobd.web import serve  # noqa: PLC0415 (the optional extra, only here)
+    except ImportError as e:
+        raise PgjobdError(
+            f"pgjobd web needs the web extra (pip install 'pgjobd[web]'): {e}"
+        ) from None
+    serve.run(cfg, host, port)
+    return EXIT_OK
+
+
 def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not JSON (JSON numbers are finite)")
 
@@ -322,7 +348,9 @@ def _admin_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--state", action="append", choices=admin.STATES, help="repeatable")
     p.add_argument("--queue")
     p.add_argument("--kind")
+    p.add_argument("--tenant")
     p.add_argument("--limit", type=int, default=admin.DEFAULT_LIMIT)
+    p.add_argument("--before", type=int, metavar="ID", help="only jobs older than this id")
     p.set_defaults(command=_admin(_jobs_list))
     p = jobs.add_parser("show", parents=[common], help="one job, live or finished")
     p.add_argument("id", type=int)
@@ -454,8 +482,9 @@ def _limits(limits: admin.QueueLimits) -> str:
 
 async def _jobs_list(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) -> int:
     jobs = await admin.list_jobs(
-        pool, schema, states=args.state, queue=args.queue, kind=args.kind, limit=args.limit
-    )
+        pool, schema, states=args.state, queue=args.queue, kind=args.kind, limit=args.limit,
+        tenant=args.tenant, before=args.before,
+    )  # fmt: skip
     if args.json:
         _print_json({"jobs": jobs})
         return EXIT_OK

@@ -108,20 +108,21 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         return _parse_listen(self.metrics_listen) if self.metrics_listen else None
 
 
-def _parse_listen(listen: str) -> tuple[str, int]:
+def _parse_listen(listen: str, field: str = "metrics_listen") -> tuple[str, int]:
     # An empty host ("":9464") listens on every interface; IPv6 hosts go in brackets.
     match = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d{1,5})", listen) or re.fullmatch(
         r"([^:\[\]\s]*):(\d{1,5})", listen
     )
     if match is None:
+        none = ', or "" for no metrics server' if field == "metrics_listen" else ""
         raise FieldProblem(
-            "metrics_listen",
-            f'expected "host:port" (like "127.0.0.1:9464" or "[::1]:9464"), or "" for '
-            f"no metrics server, got {_quote(listen)}",
+            field,
+            f'expected "host:port" (like "127.0.0.1:9464" or "[::1]:9464"){none}, '
+            f"got {_quote(listen)}",
         )
     host, port = match.group(1), int(match.group(2))
     if port > 65535:
-        raise FieldProblem("metrics_listen", f"port must be 0-65535, got {port}")
+        raise FieldProblem(field, f"port must be 0-65535, got {port}")
     return host, port
 
 
@@ -285,6 +286,25 @@ class RetentionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
             raise FieldProblem("history", 'must be at least "1d": partitions are whole days')
 
 
+class WebConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """`pgjobd web`: where the console listens, and the file holding the bearer token
+    that allows actions (read when the console starts; none: the console is read-only)."""
+
+    listen: str = "127.0.0.1:9470"
+    admin_token_file: Path | None = None
+    # How often the pages' live regions are read again.
+    refresh: Duration = Duration(seconds=5)
+
+    def __post_init__(self) -> None:
+        _parse_listen(self.listen, "listen")
+        if self.refresh < Duration(seconds=1):
+            raise FieldProblem("refresh", f'must be at least "1s", got "{self.refresh}"')
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return _parse_listen(self.listen, "listen")
+
+
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """A whole configuration, with relative paths resolved against the file's directory.
 
@@ -298,6 +318,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     queues: dict[str, QueueConfig] = msgspec.field(default_factory=_default_queues)
     cron: tuple[CronEntry, ...] = ()
     retention: RetentionConfig = msgspec.field(default_factory=RetentionConfig)
+    web: WebConfig = msgspec.field(default_factory=WebConfig)
     source: Path | None = None
     dsn: str | None = None
     dsn_source: str | None = None
@@ -404,7 +425,10 @@ def _resolve_paths(config: Config, base: Path) -> Config:
     database = config.database
     if database.dsn_file is not None:
         database = msgspec.structs.replace(database, dsn_file=resolved(database.dsn_file))
-    return msgspec.structs.replace(config, daemon=daemon, database=database)
+    web = config.web
+    if web.admin_token_file is not None:
+        web = msgspec.structs.replace(web, admin_token_file=resolved(web.admin_token_file))
+    return msgspec.structs.replace(config, daemon=daemon, database=database, web=web)
 
 
 _SectionT = TypeVar("_SectionT")
@@ -422,7 +446,7 @@ class _Reader:
         return ConfigError(f"{self.path}: {where}: {message}")
 
     def config(self, data: dict[str, Any]) -> Config:
-        known = ("cron", "daemon", "database", "queues", "retention")
+        known = ("cron", "daemon", "database", "queues", "retention", "web")
         for key in data:
             if key not in known:
                 raise self.fail(_toml_key(key), _unknown_key_message(key, known))
@@ -434,6 +458,7 @@ class _Reader:
             queues=self.queues(data.get("queues", {})),
             cron=self.cron(data.get("cron", [])),
             retention=self.convert(data.get("retention", {}), RetentionConfig, "retention"),
+            web=self.convert(data.get("web", {}), WebConfig, "web"),
             source=self.path,
         )
         config = _resolve_paths(config, self.path.absolute().parent)

@@ -64,6 +64,7 @@ from pgjobd.roles.queue_stats import QueueStats
 from pgjobd.roles.reaper import Reaper
 from pgjobd.roles.reindexer import Reindexer
 from pgjobd.roles.runner import RoleRunner
+from pgjobd.roles.samples import QueueSampler
 from pgjobd.supervisor import QueueWorkers, become_subreaper
 
 __all__ = ["Member", "leader_roles", "most_telling", "new_member_id"]
@@ -86,6 +87,7 @@ def leader_roles() -> list[Role]:
         HorizonWatchdog(),
         QueueStats(),
         DepthCounter(),
+        QueueSampler(),
     ]
 
 

@@ -100,27 +100,43 @@ ORDER BY n.queue;
 
 -- name: admin_jobs_list
 -- Jobs newest (highest id) first: live ones from the hot table when $5, final ones from
--- history when $6 (a false flag skips that table without reading it).
+-- history when $6 (a false flag skips that table without reading it). $8 pages by key
+-- (ids below the previous page's last). Each branch takes its own newest $4 in id order
+-- (a backward scan of the hot table's primary key, and a Merge Append of the backward
+-- scans of history's per-partition id indexes), so a page costs the same however deep
+-- it is: nothing is sorted but the 2 x $4 rows of the two branches. States are compared
+-- as the enum (the planner knows how common each is; of `state::text` it knows nothing,
+-- guesses "rare", and reads all of history instead of its newest rows).
 -- $1 states (text[], NULL: any), $2 queue (NULL: any), $3 kind (NULL: any), $4 limit,
--- $5 include live jobs, $6 include final jobs
+-- $5 include live jobs, $6 include final jobs, $7 tenant (NULL: any), $8 only ids below
+-- this (NULL: from the newest)
 SELECT x.*
 FROM (
-    SELECT j.id, j.state::text AS state, j.queue, j.kind, j.attempt, j.max_attempts,
-           j.priority, j.run_at, j.enqueued_at, NULL::timestamptz AS finished_at,
-           NULL::text AS reason, j.last_error, j.cancel_requested
-    FROM {{schema}}.job AS j
-    WHERE $5::boolean
-      AND ($1::text[] IS NULL OR j.state::text = ANY($1::text[]))
-      AND ($2::text IS NULL OR j.queue = $2::text)
-      AND ($3::text IS NULL OR j.kind = $3::text)
+    (SELECT j.id, j.state::text AS state, j.queue, j.kind, j.attempt, j.max_attempts,
+            j.priority, j.run_at::timestamptz AS run_at, j.enqueued_at,
+            NULL::timestamptz AS finished_at, NULL::text AS reason, j.last_error,
+            j.cancel_requested, j.tenant::text AS tenant
+     FROM {{schema}}.job AS j
+     WHERE $5::boolean
+       AND ($1::text[] IS NULL OR j.state = ANY($1::text[]::{{schema}}.job_state[]))
+       AND ($2::text IS NULL OR j.queue = $2::text)
+       AND ($3::text IS NULL OR j.kind = $3::text)
+       AND ($7::text IS NULL OR j.tenant::text = $7::text)
+       AND ($8::bigint IS NULL OR j.id < $8::bigint)
+     ORDER BY j.id DESC
+     LIMIT $4)
     UNION ALL
-    SELECT h.id, h.state::text, h.queue, h.kind, h.attempt, h.max_attempts, h.priority,
-           h.run_at, h.enqueued_at, h.finished_at, h.reason, h.last_error, false
-    FROM {{schema}}.job_history AS h
-    WHERE $6::boolean
-      AND ($1::text[] IS NULL OR h.state::text = ANY($1::text[]))
-      AND ($2::text IS NULL OR h.queue = $2::text)
-      AND ($3::text IS NULL OR h.kind = $3::text)
+    (SELECT h.id, h.state::text, h.queue, h.kind, h.attempt, h.max_attempts, h.priority,
+            h.run_at, h.enqueued_at, h.finished_at, h.reason, h.last_error, false, h.tenant
+     FROM {{schema}}.job_history AS h
+     WHERE $6::boolean
+       AND ($1::text[] IS NULL OR h.state = ANY($1::text[]::{{schema}}.job_state[]))
+       AND ($2::text IS NULL OR h.queue = $2::text)
+       AND ($3::text IS NULL OR h.kind = $3::text)
+       AND ($7::text IS NULL OR h.tenant = $7::text)
+       AND ($8::bigint IS NULL OR h.id < $8::bigint)
+     ORDER BY h.id DESC
+     LIMIT $4)
 ) AS x
 ORDER BY x.id DESC
 LIMIT $4;
@@ -247,6 +263,16 @@ WHERE h.state = 'dead'
   AND ($1::text IS NULL OR h.kind = $1::text)
   AND ($2::text IS NULL OR h.queue = $2::text)
   AND ($3::timestamptz IS NULL OR h.finished_at >= $3::timestamptz)
+ORDER BY h.id;
+
+-- name: admin_dlq_group_ids
+-- The dead jobs of one group (web_dead_groups in web.sql: dead_group_key, migration
+-- 0009) that died within $2, for a redrive of the group.
+-- $1 group key, $2 window (interval)
+SELECT h.id
+FROM {{schema}}.job_history AS h
+WHERE h.state = 'dead' AND h.finished_at > now() - $2::interval
+  AND {{schema}}.dead_group_key(h.last_error) = $1::text
 ORDER BY h.id;
 
 -- name: admin_queue_set_paused

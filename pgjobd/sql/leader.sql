@@ -205,3 +205,44 @@ WHERE r.rolname = $1 AND pg_has_role(r.oid, 'MEMBER') AND NOT pg_has_role(r.oid,
 -- SECURITY DEFINER function that drops nothing else); false if it was gone already.
 -- $1 parent table name (job_history or job_attempt), $2 partition name
 SELECT {{schema}}.partition_drop($1, $2);
+-- name: queue_sample_record
+-- The sampler role's minute: one queue_sample row per queue (those with live jobs,
+-- with jobs finished in the window, paused, or named in $1), with its live depth now
+-- and its jobs finished since the previous sample, at most $2 ago (a leader that was
+-- away does not pile the gap into one sample). finished_at prunes to the newest
+-- partitions and the BRIN index finds the window's pages. Run inside `fenced`.
+-- $1 queue names, $2 longest window (interval)
+WITH since AS (
+    SELECT greatest((SELECT max(s.at) FROM {{schema}}.queue_sample AS s),
+                    now() - $2::interval) AS at
+), finished AS (
+    SELECT h.queue,
+           count(*) FILTER (WHERE h.state = 'completed') AS completed,
+           count(*) FILTER (WHERE h.state = 'dead') AS dead,
+           count(*) FILTER (WHERE h.state = 'cancelled') AS cancelled
+    FROM {{schema}}.job_history AS h, since
+    WHERE h.finished_at > since.at AND h.finished_at <= now()
+    GROUP BY h.queue
+), live AS (
+    SELECT * FROM {{schema}}.queue_depth
+), named AS (
+    SELECT queue FROM live
+    UNION SELECT queue FROM finished
+    UNION SELECT unnest($1::text[])
+    UNION SELECT q.name FROM {{schema}}.queue AS q WHERE q.paused
+)
+INSERT INTO {{schema}}.queue_sample AS s (at, queue, available, scheduled, running,
+    retryable, completed, dead, cancelled)
+SELECT now(), n.queue, coalesce(l.available, 0), coalesce(l.scheduled, 0),
+       coalesce(l.running, 0), coalesce(l.retryable, 0), coalesce(f.completed, 0),
+       coalesce(f.dead, 0), coalesce(f.cancelled, 0)
+FROM named AS n
+LEFT JOIN live AS l USING (queue)
+LEFT JOIN finished AS f USING (queue)
+ON CONFLICT (queue, at) DO NOTHING;
+
+-- name: queue_sample_trim
+-- Deletes the samples older than $1: the table stays at queues x (retention / interval)
+-- rows. Run inside `fenced`, with queue_sample_record.
+-- $1 retention (interval)
+DELETE FROM {{schema}}.queue_sample AS s WHERE s.at < now() - $1::interval;

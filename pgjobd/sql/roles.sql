@@ -97,6 +97,9 @@ GRANT EXECUTE ON FUNCTION
     {{schema}}.flow_rate_take(text, interval, timestamptz, integer),
     {{schema}}.queue_depth_recount(text[])
     TO {{schema}}_worker;
+-- The console's dead-job groups (migration 0009), read with the reader's rights.
+GRANT EXECUTE ON FUNCTION {{schema}}.dead_group_key(text, text)
+    TO {{schema}}_readonly, {{schema}}_admin;
 -- Read into the COPY path's statement (job_enqueue_staged), with the caller's rights.
 GRANT EXECUTE ON FUNCTION {{schema}}.queue_admit_needed(boolean)
     TO {{schema}}_producer, {{schema}}_admin, {{schema}}_worker;
@@ -126,6 +129,8 @@ GRANT INSERT, UPDATE, DELETE ON {{schema}}.member, {{schema}}.leader, {{schema}}
     TO {{schema}}_worker;
 -- Flow control: the limited claim's rate log, and the leader's depth recount.
 GRANT INSERT, UPDATE, DELETE ON {{schema}}.flow_start TO {{schema}}_worker;
+-- The leader's queue sampler records and trims the console's chart samples.
+GRANT INSERT, DELETE ON {{schema}}.queue_sample TO {{schema}}_worker;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA {{schema}} TO {{schema}}_admin, {{schema}}_worker;
 
 -- The admin CLI's audit trail, retry/redrive (which move final records back) and scrub

@@ -55,6 +55,7 @@ class JobListRow(NamedTuple):
     reason: str | None
     last_error: str | None
     cancel_requested: bool
+    tenant: str | None
 
 
 class JobState(NamedTuple):
@@ -189,11 +190,13 @@ class AdminStatements(Rendered):
     @statement("admin_jobs_list")
     async def admin_jobs_list(
         self, conn: Conn, states: Sequence[str] | None, queue: str | None, kind: str | None,
-        limit: int, include_live: bool, include_final: bool,
+        limit: int, include_live: bool, include_final: bool, tenant: str | None,
+        before: int | None,
     ) -> list[JobListRow]:  # fmt: skip
         records = await conn.fetch(
-            self.sql("admin_jobs_list"), states, queue, kind, limit, include_live, include_final
-        )
+            self.sql("admin_jobs_list"), states, queue, kind, limit, include_live,
+            include_final, tenant, before,
+        )  # fmt: skip
         return rows_of(JobListRow, records)
 
     @statement("admin_jobs_lock_live")
@@ -234,6 +237,11 @@ class AdminStatements(Rendered):
         self, conn: Conn, kind: str | None, queue: str | None, since: datetime | None
     ) -> list[int]:
         records = await conn.fetch(self.sql("admin_dlq_ids"), kind, queue, since)
+        return [row[0] for row in records]
+
+    @statement("admin_dlq_group_ids")
+    async def admin_dlq_group_ids(self, conn: Conn, key: str, within: timedelta) -> list[int]:
+        records = await conn.fetch(self.sql("admin_dlq_group_ids"), key, within)
         return [row[0] for row in records]
 
     @statement("admin_queue_set_paused")

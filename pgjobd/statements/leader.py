@@ -115,3 +115,13 @@ class LeaderStatements(Rendered):
     @statement("queue_stats")
     async def queue_stats(self, conn: Conn, queues: Sequence[str]) -> list[QueueStatRow]:
         return rows_of(QueueStatRow, await conn.fetch(self.sql("queue_stats"), queues))
+
+    @statement("queue_sample_record")
+    async def queue_sample_record(
+        self, conn: Conn, queues: Sequence[str], longest_window: timedelta
+    ) -> None:
+        await conn.execute(self.sql("queue_sample_record"), queues, longest_window)
+
+    @statement("queue_sample_trim")
+    async def queue_sample_trim(self, conn: Conn, retention: timedelta) -> None:
+        await conn.execute(self.sql("queue_sample_trim"), retention)

@@ -46,6 +46,8 @@ ROLE_MATRIX: dict[str, dict[str, set[str]]] = {
     "table migration": {"producer": READ, "readonly": READ, "admin": READ, "worker": READ},
     "table queue": {"producer": READ, "readonly": READ, "admin": WRITE, "worker": WRITE},
     "table flow_start": {"producer": NONE, "readonly": READ, "admin": READ, "worker": WRITE},
+    "table queue_sample": {"producer": NONE, "readonly": READ, "admin": READ,
+                           "worker": {"SELECT", "INSERT", "DELETE"}},
     "table queue_enqueued": {"producer": NONE, "readonly": READ, "admin": READ,
                              "worker": READ},
     "table queue_depth": {"producer": NONE, "readonly": READ, "admin": READ, "worker": READ},
@@ -78,6 +80,12 @@ ROLE_MATRIX |= {
     "function flow_rate_take(text,interval,timestamp with time zone,integer)": _LEADER,
     "function queue_depth_recount(text[])": _LEADER,
     "function job_reject_group_key(text,integer,integer)": _INTERNAL,
+    "function dead_group_key(text,text)": {
+        "producer": NONE,
+        "readonly": EXECUTE,
+        "admin": EXECUTE,
+        "worker": NONE,
+    },
     "function job_defaults(text,smallint,integer,text,integer,timestamp with time zone,"
     "interval,integer)": _ENQUEUERS,
     "function job_finish(anyarray,text[],text[],jsonb[])": _FINISHERS,

@@ -15,6 +15,7 @@ from pgjobd.config import (
     DaemonConfig,
     DatabaseConfig,
     QueueConfig,
+    WebConfig,
     apply_overrides,
     load,
     loads,
@@ -481,7 +482,8 @@ def test_leader_dsn() -> None:
 # --- properties over large input spaces ------------------------------------------------
 
 FIELDS = {
-    "": ("cron", "daemon", "database", "queues"),
+    "": ("cron", "daemon", "database", "queues", "retention", "web"),
+    "web": tuple(f.encode_name for f in msgspec.structs.fields(WebConfig)),
     "database": tuple(f.encode_name for f in msgspec.structs.fields(DatabaseConfig)),
     "daemon": tuple(f.encode_name for f in msgspec.structs.fields(DaemonConfig)),
     "queues.q": tuple(f.encode_name for f in msgspec.structs.fields(QueueConfig)),
@@ -634,3 +636,34 @@ def test_check_cron_example_messages() -> None:
         f'{FILE}: cron[2] (name "gone").kind: no handler for kind "mail.old" in the handler '
         "directories (/srv/handlers); the kinds they define: mail.send",
     ]
+
+
+# --- [web] -------------------------------------------------------------------------------
+
+
+def test_web_defaults_bind_this_host_only_and_are_read_only() -> None:
+    config = loads("", FILE)
+    assert config.web.address == ("127.0.0.1", 9470)
+    assert config.web.admin_token_file is None
+    assert config.web.refresh == timedelta(seconds=5)
+
+
+def test_web_token_file_is_relative_to_the_config_file() -> None:
+    config = loads('[web]\nlisten = "[::1]:8080"\nadmin_token_file = "token"\n', FILE)
+    assert config.web.address == ("::1", 8080)
+    assert config.web.admin_token_file == FILE.parent / "token"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('listen = "nope"', 'web.listen: expected "host:port"'),
+        ('listen = "127.0.0.1:70000"', "web.listen: port must be 0-65535, got 70000"),
+        ("listen = 9470", "web.listen: expected a string"),
+        ('refresh = "100ms"', 'web.refresh: must be at least "1s"'),
+        ("admin_token = 'x'", "web.admin_token: unknown key"),
+    ],
+)
+def test_web_errors_name_the_key(text: str, message: str) -> None:
+    found = config_error(f"[web]\n{text}\n")
+    assert found.startswith(f"{FILE}: {message}"), found
