@@ -357,3 +357,40 @@ async def test_a_worker_login_rotates_partitions_and_rebuilds_indexes(
     assert reindexer.dropped == 1
     assert reindexer.rebuilt == 1
     assert await conn.fetchval("SELECT to_regclass($1)", f"{schema}.{LEFTOVER_INDEX}") is None
+
+
+async def test_the_maintenance_functions_do_one_thing_with_checked_arguments(
+    dsn: str, conn: asyncpg.Connection, schema: str, logins: dict[str, str]
+) -> None:
+    """partition_drop and partitions_ensure run with the schema owner's rights: as a
+    worker login, nothing but a detached partition of the two parents can be dropped."""
+    attached = await conn.fetchval(
+        "SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid "
+        "WHERE i.inhparent = $1::regclass ORDER BY c.relname LIMIT 1",
+        f"{schema}.job_history",
+    )
+    worker = await _connect_as(dsn, logins["worker"])
+    try:
+        for parent, partition in (
+            ("job", "job_p20240101"),
+            ("audit", "audit_p20240101"),
+            ("job_history", "job_history"),
+            ("job_history", "job_attempt_p20240101"),
+            ("job_history", "job_history_p20240101; DROP TABLE x"),
+            ("job_history", None),
+            (None, "job_history_p20240101"),
+        ):
+            with pytest.raises(asyncpg.InvalidParameterValueError, match="partition_drop"):
+                await worker.fetchval(f"SELECT {schema}.partition_drop($1, $2)", parent,
+                                      partition)  # fmt: skip
+        with pytest.raises(asyncpg.ObjectInUseError, match="still attached"):
+            await worker.fetchval(f"SELECT {schema}.partition_drop('job_history', $1)", attached)
+        assert not await worker.fetchval(
+            f"SELECT {schema}.partition_drop('job_history', 'job_history_p19990101')"
+        )
+        for days in (-1, 367, None):
+            with pytest.raises(asyncpg.InvalidParameterValueError, match="days_ahead"):
+                await worker.fetchval(f"SELECT {schema}.partitions_ensure($1)", days)
+    finally:
+        await worker.close()
+    assert await conn.fetchval("SELECT to_regclass($1)", f"{schema}.{attached}") is not None
