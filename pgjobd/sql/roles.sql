@@ -25,9 +25,10 @@ GRANT USAGE ON SCHEMA {{schema}}
 
 GRANT EXECUTE ON FUNCTION
     {{schema}}.enqueue(text, jsonb, text, integer, timestamptz, text, text, integer, interval, text,
-                       integer, text),
+                       integer, text, bigint[], timestamptz, interval, interval, bigint[]),
     {{schema}}.enqueue_many(text[], jsonb[], text[], integer[], timestamptz[], interval[], text[],
-                            text[], integer[], text, integer[], text[]),
+                            text[], integer[], text, integer[], text[], text[], timestamptz[],
+                            interval[], interval[], text[]),
     -- The client's COPY path admits its batch through this one (max_depth, groups).
     {{schema}}.queue_admit(text[], integer[], boolean[])
     TO {{schema}}_producer, {{schema}}_admin, {{schema}}_worker;
@@ -37,7 +38,8 @@ GRANT SELECT (name, max_depth) ON {{schema}}.queue TO {{schema}}_producer;
 -- Only the columns the client's COPY path writes: the rest (attempt, owner, fence,
 -- lease, enqueued_at...) keep their defaults, which every member can work with.
 REVOKE INSERT ON {{schema}}.job FROM {{schema}}_producer;
-GRANT INSERT (id, state, queue, kind, priority, run_at, args, max_attempts, tenant, group_key)
+GRANT INSERT (id, state, queue, kind, priority, run_at, args, max_attempts, tenant, group_key,
+               expires_at)
     ON {{schema}}.job TO {{schema}}_producer;
 GRANT USAGE ON SEQUENCE {{schema}}.job_id_seq TO {{schema}}_producer;
 
@@ -48,6 +50,8 @@ GRANT INSERT, UPDATE, DELETE ON {{schema}}.job, {{schema}}.queue, {{schema}}.cro
     TO {{schema}}_admin, {{schema}}_worker;
 GRANT INSERT ON {{schema}}.job_history, {{schema}}.job_attempt
     TO {{schema}}_admin, {{schema}}_worker;
+-- Finishing a job releases its dependants (job_settle, called by job_finish).
+GRANT DELETE ON {{schema}}.job_dependency TO {{schema}}_admin, {{schema}}_worker;
 GRANT INSERT, UPDATE, DELETE ON {{schema}}.member, {{schema}}.leader, {{schema}}.kind
     TO {{schema}}_worker;
 -- Flow control: the limited claim's rate log, and the leader's depth recount.
