@@ -120,7 +120,7 @@ class FlowClaimRow(NamedTuple):
     def claim_row(self) -> ClaimRow:
         """A claimed job's row as job_claim returns it (id not NULL). job_claim_flow does
         not return what the job waited for (issue 13): those fields keep their defaults."""
-        return ClaimRow(*self[:-1])
+        return ClaimRow(*self[:-1])  # type: ignore[arg-type]  # (id not NULL: all set)
 
 
 class Promoted(NamedTuple):
