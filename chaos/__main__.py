@@ -33,7 +33,7 @@ async def run_one(scenario: Scenario, options: Options) -> bool:
             asyncio.create_task(run.track_recovery()),
             asyncio.create_task(run.watch_members()),
         ]
-        enqueuer = asyncio.create_task(run.enqueue(scenario.mix))
+        enqueuer = asyncio.create_task(run.enqueue(scenario.mix, scenario.fan_in))
         await scenario.faults(run)
         await enqueuer
         waited = await run.wait_quiescent()

@@ -184,6 +184,30 @@ def check(
                 )
     v.fail("attempt charged to a job no handler started", uncharged_ok)
 
+    # 9. Dependencies (the workflows scenario): a job with depends_on ran only after every
+    # one of its dependencies had its final record, and completed only if they all did
+    # (else it ended dead, dependency_failed, and never ran).
+    early, wrong_end = [], []
+    for i, r in finals.items():
+        deps = r.get("depends_on") or []
+        if not deps:
+            continue
+        ended = [history[d][0] for d in deps if d in history]
+        all_completed = len(ended) == len(deps) and all(d["state"] == "completed" for d in ended)
+        expected = "completed" if all_completed else "dead"
+        if r["state"] != expected or (expected == "dead" and r["reason"] != "dependency_failed"):
+            wrong_end.append(f"job {i} ended {r['state']} {r['reason']}, expected {expected}")
+        last_dep = max((_ts(d["finished_at"]) for d in ended), default=0.0)
+        for execution in ledger.get(i, []):
+            if not all_completed or _ts(execution["started_at"]) < last_dep:
+                early.append(f"job {i} ran at {execution['started_at']}, its last dependency "
+                             f"ended at {last_dep}")  # fmt: skip
+    v.fail("dependant ran before its dependencies ended", early)
+    v.fail("dependant's end disagrees with its dependencies'", wrong_end)
+    callbacks = sum(1 for r in finals.values() if r.get("depends_on"))
+    if callbacks:
+        v.notes.append(f"{callbacks} jobs with dependencies checked")
+
     versions = sorted({e["outcome"] for x in ledger.values() for e in x if ":v" in e["outcome"]})
     if versions:
         v.notes.append(f"handler versions seen by chaos_swap jobs: {', '.join(versions)}")

@@ -265,8 +265,10 @@ class Run:
 
     # ------------------------------------------------------------------ workload
 
-    async def enqueue(self, mix: Mix) -> None:
-        """Enqueues the workload in batches spread over 60% of the fault window."""
+    async def enqueue(self, mix: Mix, fan_in: bool = False) -> None:
+        """Enqueues the workload in batches spread over 60% of the fault window. With
+        `fan_in`, each batch also gets a callback that depends on all its jobs (its `n`
+        is -1 - the batch's first n; in the batch's own transaction)."""
         total = self.options.jobs
         rng = random.Random(self.options.seed + 1)  # the workload has its own stream
         plan = [mix(rng, n) for n in range(total)]
@@ -275,14 +277,14 @@ class Run:
         start = time.monotonic()
         for b, first in enumerate(range(0, total, size)):
             chunk = list(range(first, min(first + size, total)))
-            await self._enqueue_batch(chunk, plan)
+            await self._enqueue_batch(chunk, plan, fan_in)
             next_at = start + (b + 1) * 0.2
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
         self.enqueue_done.set()
         log(f"enqueued {total} jobs")
 
     async def _enqueue_batch(
-        self, chunk: list[int], plan: list[tuple[str, dict[str, Any]]]
+        self, chunk: list[int], plan: list[tuple[str, dict[str, Any]]], fan_in: bool = False
     ) -> None:
         kinds = [plan[n][0] for n in chunk]
         args = [json.dumps({**plan[n][1], "n": n}) for n in chunk]
@@ -292,6 +294,15 @@ class Run:
             "FROM unnest($1::int[], $2::text[], $3::text[]) AS t(n, kind, args)) "
             "INSERT INTO public.chaos_enqueued (n, job_id, kind) SELECT n, id, kind FROM e"
         )
+        if fan_in:
+            callback = -1 - chunk[0]
+            sql = (
+                f"WITH batch AS ({sql} RETURNING job_id) "
+                "INSERT INTO public.chaos_enqueued (n, job_id, kind) "
+                f"SELECT {callback}, {SCHEMA}.enqueue('chaos_work', "
+                f"jsonb_build_object('n', {callback}, 'ms', 5), "
+                "depends_on => ARRAY(SELECT job_id FROM batch)), 'chaos_work'"
+            )
         deadline = time.monotonic() + 180
         while True:
             try:
@@ -456,7 +467,8 @@ class Run:
                 f"SELECT (SELECT count(*) FROM {SCHEMA}.job) AS live, "
                 "(SELECT count(*) FROM public.chaos_enqueued) AS enqueued"
             )
-            if rows[0]["live"] == 0 and rows[0]["enqueued"] == self.options.jobs:
+            # (at least: a fan-in run also enqueues a callback per batch)
+            if rows[0]["live"] == 0 and rows[0]["enqueued"] >= self.options.jobs:
                 return time.monotonic() - started
             await asyncio.sleep(0.25)
         return None

@@ -95,6 +95,8 @@ class Scenario:
     # handler started (see invariant 8); none for faults a member must absorb cleanly.
     unstarted_ok: frozenset[str] = field(default_factory=frozenset)
     queues: str = ""  # more [queues.*] tables for the members' config
+    # Each enqueue batch gets a callback job that depends on all of the batch's jobs.
+    fan_in: bool = False
 
 
 async def _pause(run: Run, low: float, high: float) -> bool:
@@ -405,6 +407,13 @@ SCENARIOS: dict[str, Scenario] = {
             mix=limits_mix,
             unstarted_ok=frozenset({"lease_expired"}),
             queues=LIMITS_QUEUES,
+        ),
+        Scenario(
+            "workflows",
+            "fan-in callbacks (depends_on) under kill -9 of members, restarted",
+            kill_members,
+            unstarted_ok=frozenset({"lease_expired"}),
+            fan_in=True,
         ),
         Scenario(
             "long-transaction",

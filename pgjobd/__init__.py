@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from pgjobd.client import Client, JobInfo, JobSpec, SyncClient
+    from pgjobd.client import Batch, Client, JobInfo, JobSpec, SyncClient
     from pgjobd.errors import DuplicateJob, EnqueueError, PgjobdError, QueueFull
-    from pgjobd.handler_api import Discard, JobContext, Retry, Snooze, job
+    from pgjobd.handler_api import BatchCounts, Discard, JobContext, Retry, Snooze, job
 
 _LAZY = {
+    "Batch": "pgjobd.client",
+    "BatchCounts": "pgjobd.handler_api",
     "Client": "pgjobd.client",
     "JobInfo": "pgjobd.client",
     "JobSpec": "pgjobd.client",
@@ -34,6 +36,8 @@ _LAZY = {
 }
 
 __all__ = [
+    "Batch",
+    "BatchCounts",
     "Client",
     "Discard",
     "DuplicateJob",

@@ -42,12 +42,12 @@ Db: TypeAlias = asyncpg.Connection | asyncpg.Pool
 MEMBER_LIVENESS = timedelta(seconds=30)
 DEFAULT_LIMIT = 50
 
-LIVE_STATES = ("scheduled", "available", "running", "retryable")
+LIVE_STATES = ("scheduled", "available", "running", "retryable", "blocked")
 FINAL_STATES = ("completed", "dead", "cancelled")
 STATES = LIVE_STATES + FINAL_STATES
 
 CancelOutcome = Literal["cancelled", "cancel_requested", "already_final"]
-RetryOutcome = Literal["retried", "made_available", "already_available", "running"]
+RetryOutcome = Literal["retried", "made_available", "already_available", "running", "blocked"]
 
 _json = msgspec.json.Encoder()
 
@@ -149,6 +149,7 @@ class QueueStatus(msgspec.Struct, frozen=True):
     dead_last_hour: int
     throughput_per_s: float
     limited: QueueLimits
+    blocked: int = 0  # waiting for dependencies (depends_on, after)
 
 
 class Status(msgspec.Struct, frozen=True):
@@ -189,6 +190,18 @@ class DeadJob(msgspec.Struct, frozen=True):
     enqueued_at: datetime
     last_error: str | None
     args: dict[str, Any]
+    fingerprint: str | None = None  # of its last failed attempt's error
+
+
+class DeadGroup(msgspec.Struct, frozen=True):
+    """Dead jobs sharing the fingerprint of their last failed attempt (and a reason)."""
+
+    fingerprint: str | None
+    reason: str | None
+    count: int
+    kinds: list[str]
+    last_dead_at: datetime
+    last_error: str | None
 
 
 class JobActed(msgspec.Struct, frozen=True):
@@ -523,8 +536,8 @@ async def retry_jobs(
                 outcome = "retried"
             elif i in made:
                 outcome = "made_available"
-            elif live.get(i) == "running":
-                outcome = "running"
+            elif live.get(i) in ("running", "blocked"):
+                outcome = live[i]  # type: ignore[assignment]  # a RetryOutcome too
             else:  # available, or revived by someone else meanwhile
                 outcome = "already_available"
             outcomes.append(JobActed(id=i, outcome=outcome, state=live.get(i) or final[i]))
@@ -573,6 +586,7 @@ async def list_dead(
     queue: str | None = None,
     since: datetime | timedelta | None = None,
     limit: int = DEFAULT_LIMIT,
+    fingerprint: str | None = None,
 ) -> list[DeadJob]:
     """Dead jobs, most recently dead first; `since` is a time, or a duration before now."""
     if limit < 1:
@@ -580,7 +594,7 @@ async def list_dead(
     q = for_schema(schema)
     async with _connection(db) as conn:
         start = await _since(conn, since)
-        rows = await q.admin_dlq_list(conn, kind, queue, start, limit)
+        rows = await q.admin_dlq_list(conn, kind, queue, start, limit, fingerprint)
     return [_with_args(r._asdict(), DeadJob) for r in rows]
 
 
@@ -593,6 +607,26 @@ async def redacted_fields(db: Db, schema: str, kind: str) -> list[str]:
     return list(row.redact or []) if row is not None else []
 
 
+async def group_dead(
+    db: Db,
+    schema: str,
+    *,
+    kind: str | None = None,
+    queue: str | None = None,
+    since: datetime | timedelta | None = None,
+) -> list[DeadGroup]:
+    """Every matching dead job counted by its error's fingerprint, largest group first."""
+    q = for_schema(schema)
+    async with _connection(db) as conn:
+        start = await _since(conn, since)
+        rows = await q.admin_dlq_groups(conn, kind, queue, start)
+    return [
+        DeadGroup(fingerprint=r.fingerprint, reason=r.reason, count=r.jobs, kinds=r.kinds,
+                  last_dead_at=r.last_dead_at, last_error=r.last_error)
+        for r in rows
+    ]  # fmt: skip
+
+
 async def redrive(
     db: Db,
     schema: str,
@@ -601,6 +635,7 @@ async def redrive(
     queue: str | None = None,
     since: datetime | timedelta | None = None,
     user: str | None = None,
+    fingerprint: str | None = None,
 ) -> Redrive:
     """Retry every matching dead job (as `retry_jobs` does a dead one), in one statement.
     Jobs whose unique_key a live job holds stay dead and are listed in `blocked`."""
@@ -608,9 +643,11 @@ async def redrive(
     async with _connection(db) as conn, conn.transaction():
         await _require_admin(conn, q, schema, "dlq.redrive")
         start = await _since(conn, since)
-        dead = await q.admin_dlq_ids(conn, kind, queue, start)
-        filters = {"kind": kind, "queue": queue, "since": start.isoformat() if start else None}
-        arguments = {"kind": kind, "queue": queue, "since": _shown_since(since)}
+        dead = await q.admin_dlq_ids(conn, kind, queue, start, fingerprint)
+        filters = {"kind": kind, "queue": queue, "since": start.isoformat() if start else None,
+                   "fingerprint": fingerprint}  # fmt: skip
+        arguments = {"kind": kind, "queue": queue, "since": _shown_since(since),
+                     "fingerprint": fingerprint}  # fmt: skip
         return await _redrive_ids(
             conn, q, dead, user, target=queue, detail={"filters": filters}, arguments=arguments
         )

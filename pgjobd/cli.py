@@ -380,6 +380,7 @@ def _admin_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         p.add_argument("--kind")
         p.add_argument("--queue")
         p.add_argument("--since", type=_since, help='dead since: "2h" ago, or an ISO 8601 time')
+        p.add_argument("--fingerprint", help="only jobs whose last error has this fingerprint")
         if name == "list":
             p.add_argument("--limit", type=int, default=admin.DEFAULT_LIMIT)
         p.set_defaults(command=_admin(_dlq_list if name == "list" else _dlq_redrive))
@@ -459,11 +460,11 @@ async def _status(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) -> 
     print(f"queues: {len(status.queues)}")
     rows = [
         [name, str(s.available), str(s.scheduled), str(s.running), str(s.retryable),
-         str(s.dead_last_hour), _age(s.oldest_available_age_s), f"{s.throughput_per_s:.2f}",
-         "PAUSED" if s.paused else "", _limits(s.limited)]
+         str(s.blocked), str(s.dead_last_hour), _age(s.oldest_available_age_s),
+         f"{s.throughput_per_s:.2f}", "PAUSED" if s.paused else "", _limits(s.limited)]
         for name, s in status.queues.items()
     ]  # fmt: skip
-    headers = ["QUEUE", "AVAILABLE", "SCHEDULED", "RUNNING", "RETRYABLE", "DEAD/1H",
+    headers = ["QUEUE", "AVAILABLE", "SCHEDULED", "RUNNING", "RETRYABLE", "BLOCKED", "DEAD/1H",
                "OLDEST", "JOBS/S", "PAUSED", "LIMITS"]  # fmt: skip
     _table(headers, rows)
     return EXIT_OK
@@ -511,7 +512,12 @@ async def _jobs_show(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) 
     fields = msgspec.structs.asdict(info)
     errors = fields.pop("errors")
     for name, value in fields.items():
-        shown = json.dumps(value) if name in ("args", "result") else _time(value)
+        if name in ("args", "result"):
+            shown = json.dumps(value)
+        elif isinstance(value, list):
+            shown = ", ".join(map(str, value)) or "-"
+        else:
+            shown = _time(value)
         print(f"{name + ':':14} {shown}")
     print(f"{'errors:':14} {len(errors)}")
     for error in errors:
@@ -550,24 +556,38 @@ async def _queues_set(args: argparse.Namespace, pool: asyncpg.Pool, schema: str)
 
 async def _dlq_list(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) -> int:
     jobs = await admin.list_dead(
-        pool, schema, kind=args.kind, queue=args.queue, since=args.since, limit=args.limit
-    )
+        pool, schema, kind=args.kind, queue=args.queue, since=args.since, limit=args.limit,
+        fingerprint=args.fingerprint,
+    )  # fmt: skip
+    groups = await admin.group_dead(pool, schema, kind=args.kind, queue=args.queue,
+                                    since=args.since)  # fmt: skip
+    if args.fingerprint is not None:
+        groups = [g for g in groups if g.fingerprint == args.fingerprint]
     if args.json:
-        _print_json({"jobs": jobs})
+        _print_json({"groups": groups, "jobs": jobs})
         return EXIT_OK
     rows = [
+        [g.fingerprint or "-", str(g.count), g.reason or "", ",".join(g.kinds),
+         _time(g.last_dead_at), _short(g.last_error)]
+        for g in groups
+    ]  # fmt: skip
+    _table(["FINGERPRINT", "COUNT", "REASON", "KINDS", "LAST DEAD AT", "LAST ERROR"], rows)
+    print()
+    rows = [
         [str(j.id), j.queue, j.kind, f"{j.attempt}/{j.max_attempts}", j.reason or "",
-         _time(j.finished_at), _short(j.last_error)]
+         j.fingerprint or "-", _time(j.finished_at), _short(j.last_error)]
         for j in jobs
     ]  # fmt: skip
-    _table(["ID", "QUEUE", "KIND", "ATTEMPT", "REASON", "DEAD AT", "LAST ERROR"], rows)
+    _table(["ID", "QUEUE", "KIND", "ATTEMPT", "REASON", "FINGERPRINT", "DEAD AT", "LAST ERROR"],
+           rows)  # fmt: skip
     return EXIT_OK
 
 
 async def _dlq_redrive(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) -> int:
     done = await admin.redrive(
-        pool, schema, kind=args.kind, queue=args.queue, since=args.since, user=admin.os_user()
-    )
+        pool, schema, kind=args.kind, queue=args.queue, since=args.since, user=admin.os_user(),
+        fingerprint=args.fingerprint,
+    )  # fmt: skip
     if args.json:
         _print_json(done)
         return EXIT_OK

@@ -9,8 +9,10 @@ defaults (``job_defaults``), which measured faster (bench/enqueue.py).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, Literal, NamedTuple, Self, TypeVar
@@ -23,7 +25,14 @@ from pgjobd import admin, db, errors, migrate
 from pgjobd.config import MAX_ARGS_BYTES
 from pgjobd.duration import to_timedelta
 from pgjobd.errors import DuplicateJob, EnqueueError, QueueFull
-from pgjobd.handler_api import ArgsError, DurationLike, validate_args
+from pgjobd.handler_api import (
+    VERSION_KEY,
+    ArgsError,
+    DurationLike,
+    NewerArgs,
+    upgraded,
+    validate_args,
+)
 from pgjobd.handler_loader import Registry
 from pgjobd.names import kind_name_problem, queue_name_problem, schema_name_problem
 from pgjobd.queries import Queries, for_schema
@@ -40,7 +49,7 @@ MAX_MAX_ATTEMPTS = 2**31 - 1
 EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
 RUN_AT_BEFORE = datetime(9999, 1, 1, tzinfo=UTC)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-OnConflict = Literal["return", "raise"]
+OnConflict = Literal["return", "raise", "replace"]
 T = TypeVar("T")
 # Client.connect's session limits: the defaults of database.statement_timeout and
 # database.idle_in_transaction_session_timeout.
@@ -50,8 +59,10 @@ DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT = "60s"
 _STAGE = "pgjobd_enqueue_stage"
 _STAGE_COLUMNS = (
     "ord", "kind", "args", "queue", "priority", "run_at", "delay", "tenant", "max_attempts",
-    "group_key",
+    "group_key", "expires_at", "ttl",
 )  # fmt: skip
+# Every job that ends is announced here (payload: comma-separated ids); see wait().
+_FINAL_CHANNEL = "{schema}.job_final"
 _json_encoder = msgspec.json.Encoder()
 # A "\u0000" escape in JSON text: preceded by an even number of backslashes (an odd
 # number means the backslash itself is escaped and "u0000" is plain text).
@@ -72,6 +83,18 @@ class JobSpec(msgspec.Struct, frozen=True):
     unique_key: str | None = None
     max_attempts: int | None = None
     group: str | None = None
+    depends_on: Sequence[int] | None = None
+    after: Sequence[int] | None = None
+    ttl: DurationLike | None = None
+    expires_at: datetime | None = None
+    unique_for: DurationLike | None = None
+
+
+class Batch(msgspec.Struct, frozen=True):
+    """What `Client.enqueue_batch` wrote: the jobs' ids in input order, and the callback's."""
+
+    ids: list[int]
+    callback_id: int
 
 
 class JobError(msgspec.Struct, frozen=True):
@@ -100,6 +123,10 @@ class JobInfo(msgspec.Struct, frozen=True):
     enqueued_at: datetime
     finished_at: datetime | None
     last_error: str | None
+    depends_on: list[int] = []
+    after: list[int] = []
+    dependants: list[int] = []
+    expires_at: datetime | None = None
 
 
 class _Checked(NamedTuple):
@@ -115,6 +142,19 @@ class _Checked(NamedTuple):
     unique_key: str | None
     max_attempts: int | None
     group: str | None
+    depends_on: list[int] | None = None
+    after: list[int] | None = None
+    ttl: timedelta | None = None
+    expires_at: datetime | None = None
+    unique_for: timedelta | None = None
+
+    @property
+    def needs_function(self) -> bool:
+        """Whether only the SQL function can enqueue it (the COPY path cannot)."""
+        return (
+            self.unique_key is not None or self.depends_on is not None
+            or self.after is not None or self.unique_for is not None
+        )  # fmt: skip
 
 
 class Client:
@@ -141,6 +181,7 @@ class Client:
         self._q: Queries = for_schema(schema)
         self._owns_pool = False
         self._schema_checked = False
+        self._final = _FinalWatch(pool, _FINAL_CHANNEL.format(schema=schema))
 
     @classmethod
     async def connect(
@@ -191,6 +232,7 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
+        await self._final.close()
         if self._owns_pool:
             await self.pool.close()
 
@@ -214,28 +256,41 @@ class Client:
         unique_key: str | None = None,
         max_attempts: int | None = None,
         on_conflict: OnConflict = "return",
+        depends_on: Sequence[int] | None = None,
+        after: Sequence[int] | None = None,
+        ttl: DurationLike | None = None,
+        expires_at: datetime | None = None,
+        unique_for: DurationLike | None = None,
         conn: asyncpg.Connection | None = None,
         group: str | None = None,
     ) -> int:
         """Enqueue one job and return its id.
 
         A live job with the same unique_key makes this return that job's id without
-        writing anything (or raise DuplicateJob with ``on_conflict="raise"``). With
-        ``conn``, the job is written in that connection's current transaction. Jobs
-        of one ``group`` (in one queue) run one at a time, in (priority, id) order.
-        QueueFull when the queue holds its max_depth of live jobs.
+        writing anything (or raise DuplicateJob with ``on_conflict="raise"``; with
+        ``"replace"``, it takes this job's args, run time and priority, or, when it is
+        running, this job runs after it). With ``conn``, the job is written in that
+        connection's current transaction. Jobs of one ``group`` (in one queue) run one at
+        a time, in (priority, id) order. QueueFull when the queue holds its max_depth of
+        live jobs. ``depends_on``: ids of jobs that must complete first; ``after``: ids
+        of jobs that must end first, whatever their end. ``ttl`` / ``expires_at``: the
+        job never starts after then (it ends dead, 'expired'). ``unique_for``: the
+        unique_key also matches jobs completed that recently.
         """
         spec = JobSpec(kind, {} if args is None else args, queue=queue, priority=priority,
                        delay=delay, run_at=run_at, tenant=tenant, unique_key=unique_key,
-                       max_attempts=max_attempts, group=group)  # fmt: skip
+                       max_attempts=max_attempts, group=group, depends_on=depends_on,
+                       after=after, ttl=ttl, expires_at=expires_at,
+                       unique_for=unique_for)  # fmt: skip
         job = self._check(spec, position=None)
-        _check_on_conflict(on_conflict)
+        _check_on_conflict(on_conflict, job)
         await self.check_schema()
         return await self._run(
             conn,
             lambda c: self._q.job_enqueue(
                 c, job.kind, job.args_json, job.queue, job.priority, job.run_at, job.tenant,
                 job.unique_key, job.max_attempts, job.delay, on_conflict, job.group,
+                job.depends_on, job.expires_at, job.ttl, job.unique_for, job.after,
             ),
         )  # fmt: skip
 
@@ -251,6 +306,11 @@ class Client:
         unique_key: str | None = None,
         max_attempts: int | None = None,
         on_conflict: OnConflict = "return",
+        depends_on: Sequence[int] | None = None,
+        after: Sequence[int] | None = None,
+        ttl: DurationLike | None = None,
+        expires_at: datetime | None = None,
+        unique_for: DurationLike | None = None,
         conn: asyncpg.Connection | None = None,
         group: str | None = None,
     ) -> list[int]:
@@ -265,12 +325,14 @@ class Client:
                 ("queue", queue), ("priority", priority), ("delay", delay), ("run_at", run_at),
                 ("tenant", tenant), ("unique_key", unique_key), ("max_attempts", max_attempts),
                 ("group", group),
+                ("depends_on", depends_on), ("after", after), ("ttl", ttl),
+                ("expires_at", expires_at), ("unique_for", unique_for),
             )
             if value is not None
         }  # fmt: skip
-        _check_on_conflict(on_conflict)
         # (kind, args) items take every option from the call: check those once.
         shared = _checked_options(JobSpec("", **defaults), _rejecter(None))
+        _check_on_conflict(on_conflict)
         checked = []
         for position, item in enumerate(jobs, start=1):
             if type(item) is tuple and len(item) == 2:
@@ -278,20 +340,47 @@ class Client:
                 if problem := _kind_problem(kind):
                     raise EnqueueError(f"job {position}: {problem}")
                 args_json = self._encode_args(kind, {} if args is None else args, position)
-                checked.append(
-                    _Checked(kind, args_json, shared.queue, shared.priority, shared.delay,
-                             shared.run_at, shared.tenant, shared.unique_key, shared.max_attempts,
-                             shared.group)
-                )  # fmt: skip
+                _check_on_conflict(on_conflict, shared, position)
+                checked.append(shared._replace(kind=kind, args_json=args_json))
             else:
                 spec = _with_defaults(_as_spec(item, position), defaults)
-                checked.append(self._check(spec, position))
+                job = self._check(spec, position)
+                _check_on_conflict(on_conflict, job, position)
+                checked.append(job)
         if not checked:
             return []
         await self.check_schema()
-        if any(job.unique_key is not None for job in checked):
+        if on_conflict != "return" or any(job.needs_function for job in checked):
             return await self._insert_through_function(checked, on_conflict, conn)
         return await self._copy(checked, conn)
+
+    async def enqueue_batch(
+        self,
+        jobs: Iterable[JobSpec | tuple[str, Any]],
+        callback: JobSpec | tuple[str, Any],
+        *,
+        conn: asyncpg.Connection | None = None,
+        **options: Any,
+    ) -> Batch:
+        """Enqueue `jobs` and a `callback` job that runs once after every one of them has
+        ended, whatever the end; its handler reads how many completed and failed in
+        ``ctx.batch``. One transaction: all of it is written or nothing. ``options``
+        are enqueue_many's, for the jobs (not the callback)."""
+        spec = _as_spec(callback, 0)
+        if spec.after is not None or spec.depends_on is not None:
+            raise EnqueueError("a batch's callback waits for the batch: give it no after "
+                               "or depends_on of its own")  # fmt: skip
+        if conn is None:
+            async with self.pool.acquire() as own, own.transaction():
+                return await self.enqueue_batch(jobs, callback, conn=own, **options)
+        async with conn.transaction():
+            ids = await self.enqueue_many(jobs, conn=conn, **options)
+            if not ids:
+                raise EnqueueError("a batch needs at least one job")
+            fields = {f: getattr(spec, f) for f in spec.__struct_fields__ if f != "kind"}
+            fields["args"] = {} if fields["args"] is None else fields["args"]
+            callback_id = await self.enqueue(spec.kind, conn=conn, **{**fields, "after": ids})
+        return Batch(ids=ids, callback_id=callback_id)
 
     async def job(self, job_id: int) -> JobInfo | None:
         """The job with this id, live or finished, or None if there is none."""
@@ -305,12 +394,42 @@ class Client:
             if row is None:
                 return None
             attempts = await self._q.job_attempt_errors(conn, job_id)
+            dependants = await self._q.job_dependants(conn, job_id)
         record: dict[str, Any] = row._asdict()
+        record["dependants"] = [d.id for d in dependants]
         for column in ("args", "result"):
             if record[column] is not None:
                 record[column] = admin.read_json(record[column])
         record["errors"] = [a._asdict() for a in attempts]
         return msgspec.convert(record, JobInfo)
+
+    async def wait(self, job_id: int, timeout: float | None = None) -> JobInfo:  # noqa: ASYNC109 (contract §10 names it)
+        """The job once it is final (completed, dead or cancelled); at once if it already
+        is. Raises TimeoutError after `timeout` seconds, pgjobd.admin.UnknownJobs for an
+        id that names no job (or a job whose queue keeps no final records).
+
+        Waiting costs no polling: the client LISTENs, on one connection of its pool for
+        all its waiters, to the announcement every finishing statement makes."""
+        _check_job_id(job_id)
+        await self.check_schema()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            async with self._final.watching(job_id) as ended:
+                async with self.pool.acquire() as conn:
+                    live = await self._q.job_live_ids(conn, [job_id])
+                if live:
+                    left = None if deadline is None else max(0.0, deadline - loop.time())
+                    try:
+                        await asyncio.wait_for(asyncio.shield(ended), left)
+                    except ConnectionError:
+                        continue  # the LISTEN session was lost: listen again, look again
+            info = await self.job(job_id)
+            if info is None:
+                raise admin.UnknownJobs([job_id])
+            if info.state in _FINAL_STATES:
+                return info
+            # Live again (retried by an admin) by the time it was read: wait again.
 
     async def cancel(self, job_id: int) -> str:
         """Cancel a job: a pending one is cancelled at once ("cancelled"); a running one
@@ -370,10 +489,17 @@ class Client:
             if handler is None:
                 known = ", ".join(self.handlers.kinds()) or "none"
                 raise reject(f"unknown kind {kind!r}: the handlers given know {known}")
+            decoded = msgspec.json.decode(encoded)
+            if handler.args_version > 1 and VERSION_KEY not in decoded:
+                # Stamped: the worker then knows which version these args are.
+                decoded[VERSION_KEY] = handler.args_version
+                encoded = _json_encoder.encode(decoded)
             try:
-                validate_args(handler, msgspec.json.decode(encoded))
+                validate_args(handler, upgraded(handler, dict(decoded)))
             except ArgsError as e:
                 raise reject(str(e)) from None
+            except NewerArgs as e:
+                raise reject(f"{e} (the handlers given are older)") from None
         return encoded.decode()
 
     # -- writing --------------------------------------------------------------------
@@ -383,7 +509,8 @@ class Client:
     ) -> list[int]:
         rows = [
             EnqueueRow(j.kind, j.args_json, j.queue, j.priority, j.run_at, j.delay, j.tenant,
-                       j.unique_key, j.max_attempts, j.group)
+                       j.unique_key, j.max_attempts, j.group, _id_list(j.depends_on),
+                       j.expires_at, j.ttl, j.unique_for, _id_list(j.after))
             for j in jobs
         ]  # fmt: skip
         return await self._run(conn, lambda c: self._q.job_enqueue_many(c, rows, on_conflict))
@@ -403,7 +530,7 @@ class Client:
         await self._q.job_stage_create(conn)
         records = [
             (ord_, j.kind, j.args_json, j.queue, j.priority, j.run_at, j.delay, j.tenant,
-             j.max_attempts, j.group)
+             j.max_attempts, j.group, j.expires_at, j.ttl)
             for ord_, j in enumerate(jobs, start=1)
         ]  # fmt: skip
         await conn.copy_records_to_table(
@@ -463,6 +590,20 @@ class SyncClient:
         result: JobInfo | None = self._portal.call(self._client.job, job_id)
         return result
 
+    def wait(self, job_id: int, timeout: float | None = None) -> JobInfo:
+        result: JobInfo = self._portal.call(self._client.wait, job_id, timeout)
+        return result
+
+    def enqueue_batch(
+        self, jobs: Iterable[JobSpec | tuple[str, Any]], callback: JobSpec | tuple[str, Any],
+        **options: Any,
+    ) -> Batch:  # fmt: skip
+        items = list(jobs)
+        result: Batch = self._portal.call(
+            lambda: self._client.enqueue_batch(items, callback, **options)
+        )
+        return result
+
     def cancel(self, job_id: int) -> str:
         result: str = self._portal.call(self._client.cancel, job_id)
         return result
@@ -508,9 +649,44 @@ def _translated(error: asyncpg.PostgresError) -> Exception:
     return error  # type: ignore[no-any-return]  # asyncpg is untyped
 
 
-def _check_on_conflict(on_conflict: str) -> None:
-    if on_conflict not in ("return", "raise"):
-        raise EnqueueError(f"on_conflict must be 'return' or 'raise', not {on_conflict!r}")
+def _check_on_conflict(
+    on_conflict: str, job: _Checked | None = None, position: int | None = None
+) -> None:
+    if on_conflict not in ("return", "raise", "replace"):
+        raise EnqueueError(
+            f"on_conflict must be 'return', 'raise' or 'replace', not {on_conflict!r}"
+        )
+    if on_conflict == "replace" and job is not None and job.unique_key is None:
+        raise _rejecter(position)("on_conflict 'replace' needs a unique_key")
+
+
+def _id_list(ids: list[int] | None) -> str | None:
+    """Job ids as PostgreSQL array text ('{1,2}'): enqueue_many's arrays cannot be ragged."""
+    return None if ids is None else "{" + ",".join(map(str, ids)) + "}"
+
+
+def _job_ids(name: str, value: object, reject: Callable[[str], EnqueueError]) -> list[int]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise reject(f"{name} must be a list of job ids, got {_shown(value)}")
+    ids = list(value)
+    for item in ids:
+        if not _is_int(item) or not _INT64_MIN <= item <= _INT64_MAX:
+            raise reject(f"{name} holds {_shown(item)}, which is not a job id (an int)")
+    return ids
+
+
+def _positive_duration(
+    name: str, value: DurationLike, reject: Callable[[str], EnqueueError]
+) -> timedelta:
+    try:
+        duration = to_timedelta(value)
+    except (TypeError, ValueError) as e:
+        raise reject(f"invalid {name}: {e}") from None
+    if duration <= timedelta(0):
+        raise reject(f"{name} must be positive, got {value!r}")
+    if duration > timedelta(days=365 * 1000):
+        raise reject(f"{name} {value!r} is too long")
+    return duration
 
 
 def _as_spec(item: JobSpec | tuple[str, Any], position: int) -> JobSpec:
@@ -583,8 +759,27 @@ def _checked_options(spec: JobSpec, reject: Callable[[str], EnqueueError]) -> _C
         problem := _text_problem("group", spec.group, MAX_GROUP_KEY_BYTES)
     ):
         raise reject(problem)
+    depends_on = after = ttl = unique_for = None
+    if spec.depends_on is not None:
+        depends_on = _job_ids("depends_on", spec.depends_on, reject)
+    if spec.after is not None:
+        after = _job_ids("after", spec.after, reject)
+    if spec.ttl is not None:
+        if spec.expires_at is not None:
+            raise reject("give ttl or expires_at, not both")
+        ttl = _positive_duration("ttl", spec.ttl, reject)
+    if spec.expires_at is not None and (
+        not isinstance(spec.expires_at, datetime) or spec.expires_at.utcoffset() is None
+    ):
+        raise reject(f"expires_at must be a timezone-aware datetime, got {_shown(spec.expires_at)}")
+    if spec.unique_for is not None:
+        if spec.unique_key is None:
+            raise reject("unique_for needs a unique_key")
+        unique_for = _positive_duration("unique_for", spec.unique_for, reject)
     return _Checked("", "", spec.queue, spec.priority, delay, spec.run_at,
-                    spec.tenant, spec.unique_key, spec.max_attempts, spec.group)  # fmt: skip
+                    spec.tenant, spec.unique_key, spec.max_attempts, spec.group, depends_on,
+                    after, ttl,
+                    spec.expires_at, unique_for)  # fmt: skip
 
 
 def _rejecter(position: int | None) -> Callable[[str], EnqueueError]:
@@ -671,3 +866,73 @@ def _shown(value: object, limit: int = 80) -> str:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+_FINAL_STATES = frozenset({"completed", "dead", "cancelled"})
+
+
+class _FinalWatch:
+    """The waiters of one client, on one LISTEN connection taken from its pool while
+    anyone waits: each announcement on <schema>.job_final wakes the waiters of its ids."""
+
+    def __init__(self, pool: asyncpg.Pool, channel: str) -> None:
+        self._pool = pool
+        self._channel = channel
+        self._conn: asyncpg.Connection | None = None
+        self._waiters: dict[int, set[asyncio.Future[None]]] = {}
+        self._users = 0
+        self._lock = asyncio.Lock()
+
+    @contextlib.asynccontextmanager
+    async def watching(self, job_id: int) -> AsyncIterator[asyncio.Future[None]]:
+        """A future set when job_id's end is announced; the LISTEN is active on entry."""
+        self._users += 1
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        try:
+            async with self._lock:
+                if self._conn is None:
+                    conn = await self._pool.acquire()
+                    try:
+                        await conn.add_listener(self._channel, self._heard)
+                        conn.add_termination_listener(self._lost)
+                    except BaseException:
+                        await self._pool.release(conn)
+                        raise
+                    self._conn = conn
+            self._waiters.setdefault(job_id, set()).add(ended)
+            yield ended
+        finally:
+            waiting = self._waiters.get(job_id)
+            if waiting is not None:
+                waiting.discard(ended)
+                if not waiting:
+                    del self._waiters[job_id]
+            self._users -= 1
+            if self._users == 0:
+                await self.close()
+
+    def _heard(self, conn: object, pid: int, channel: str, payload: str) -> None:
+        for text in payload.split(","):
+            with contextlib.suppress(ValueError):
+                for ended in self._waiters.pop(int(text), ()):
+                    if not ended.done():
+                        ended.set_result(None)
+
+    def _lost(self, conn: object) -> None:
+        """The LISTEN session is gone: every waiter looks again (on a new one)."""
+        self._conn = None
+        for waiting in self._waiters.values():
+            for ended in waiting:
+                if not ended.done():
+                    ended.set_exception(ConnectionError("the LISTEN session was lost"))
+        self._waiters.clear()
+
+    async def close(self) -> None:
+        async with self._lock:
+            if self._conn is None or self._users > 0:
+                return
+            conn, self._conn = self._conn, None
+            with contextlib.suppress(Exception):
+                conn.remove_termination_listener(self._lost)
+                await conn.remove_listener(self._channel, self._heard)
+            await self._pool.release(conn)

@@ -32,6 +32,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from pgjobd import backoff, db, metrics
 from pgjobd.config import QueueConfig
 from pgjobd.errors import TRANSIENT
+from pgjobd.fingerprint import fingerprint
 from pgjobd.migrate import PARTITION_DAYS_AHEAD
 from pgjobd.model import Outcome
 from pgjobd.outcome import MAX_MESSAGE_CHARS, storable, storable_text
@@ -352,7 +353,8 @@ class Completer:
                 )  # fmt: skip
 
     def _failure_row(self, outcome: Outcome) -> FailRow:
-        """The row for job_fail_many. Whether the job ends is decided there
+        """The row for job_fail_many, with the error's fingerprint (computed here for
+        the outcomes the supervisor made). Whether the job ends is decided there
         (job_end_reason, the reaper's rule too); the delay applies if it does not."""
         job = outcome.job
         queue = self._queue(outcome)
@@ -368,6 +370,7 @@ class Completer:
             job.id, job.fence, outcome.verdict, queue.max_crashes, timedelta(seconds=delay_s),
             outcome.error_class, outcome.error_message, outcome.traceback, outcome.duration_s,
             queue.history != "none",
+            outcome.fingerprint or fingerprint(outcome.error_class, outcome.error_message),
         )  # fmt: skip
 
 

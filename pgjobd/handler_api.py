@@ -7,9 +7,9 @@ import inspect
 import logging
 import threading
 import typing
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar, overload
+from typing import Any, NamedTuple, TypeVar, overload
 
 import msgspec
 
@@ -24,6 +24,10 @@ HANDLER_ATTRIBUTE = "__pgjobd_handler__"
 F = TypeVar("F", bound=Callable[..., Any])
 
 DurationLike = str | int | float | timedelta
+# The args key that says which version of a handler's args a payload is (absent: 1).
+# Stamped by a client that knows the handler; SQL producers write it themselves.
+VERSION_KEY = "pgjobd:version"
+Upgrader = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +49,10 @@ class HandlerSpec:
     global_concurrency: int | None = None
     rate_limit: RateLimit | None = None
     redact: tuple[str, ...] = ()  # args fields kept out of logs and errors (redact.py)
+    # The version of the args it expects, and how to upgrade older payloads: upgraders[v]
+    # turns version v's args into version v + 1's.
+    args_version: int = 1
+    upgraders: Mapping[int, Upgrader] = dataclasses.field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -74,6 +82,8 @@ def job(
     global_concurrency: int | None = None,
     rate_limit: str | None = None,
     redact: Sequence[str] = (),
+    args_version: int = 1,
+    upgraders: Mapping[int, Upgrader] | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -90,11 +100,16 @@ def job(
     global_concurrency: int | None = None,
     rate_limit: str | None = None,
     redact: Sequence[str] = (),
+    args_version: int = 1,
+    upgraders: Mapping[int, Upgrader] | None = None,
 ) -> F | Callable[[F], F]:
     """Register a function as the handler of a job kind (its name unless `kind` is given).
 
     Usable bare (`@job`) or with options. The function is returned unchanged, so it can
     still be called directly; its spec is attached as `__pgjobd_handler__`.
+    `args_version`: the version of the args it expects; `upgraders[v]` turns version
+    v's args (a dict) into version v + 1's, and runs before conversion. A payload newer
+    than `args_version` is given back for a member that knows it (a rolling deploy).
     """
 
     def register(fn: F) -> F:
@@ -109,6 +124,8 @@ def job(
             global_concurrency=global_concurrency,
             rate_limit=rate_limit,
             redact=redact,
+            args_version=args_version,
+            upgraders=upgraders or {},
         )
         setattr(fn, HANDLER_ATTRIBUTE, spec)
         return fn
@@ -130,6 +147,8 @@ def _build_spec(
     global_concurrency: int | None = None,
     rate_limit: str | None = None,
     redact: Sequence[str] = (),
+    args_version: int = 1,
+    upgraders: Mapping[int, Upgrader] | None = None,
 ) -> HandlerSpec:
     if not inspect.isfunction(fn):
         raise TypeError(f"@job decorates functions, not {fn!r}")
@@ -177,6 +196,16 @@ def _build_spec(
         if not (isinstance(exc_type, type) and issubclass(exc_type, BaseException)):
             raise TypeError(f"{where}: discard_on takes exception classes, not {exc_type!r}")
 
+    if not _is_int(args_version) or args_version < 1:
+        raise ValueError(f"{where}: args_version must be an int >= 1, not {args_version!r}")
+    upgraders = dict(upgraders or {})
+    for version, upgrade in upgraders.items():
+        if not _is_int(version) or not 1 <= version < args_version:
+            raise ValueError(f"{where}: upgraders are keyed by the version they upgrade "
+                             f"from, 1 to {args_version - 1}, not {version!r}")  # fmt: skip
+        if not callable(upgrade):
+            raise TypeError(f"{where}: the upgrader from version {version} is not callable")
+
     args_type, takes_ctx = _inspect_parameters(fn, where)
     return HandlerSpec(
         kind=kind,
@@ -193,6 +222,8 @@ def _build_spec(
         global_concurrency=global_concurrency,
         rate_limit=rate,
         redact=check_fields(redact, where),
+        args_version=args_version,
+        upgraders=upgraders,
     )
 
 
@@ -286,6 +317,39 @@ def validate_args(spec: HandlerSpec, args: Mapping[str, Any]) -> object:
         raise ArgsError(spec.kind, _type_name(spec.args_type), str(e)) from None
 
 
+class NewerArgs(PgjobdError):
+    """A payload of a newer args version than the handler knows: given back, so that a
+    member running the newer handler takes it."""
+
+    def __init__(self, kind: str, version: int, known: int) -> None:
+        super().__init__(f"args of kind {kind!r} are version {version}, newer than this "
+                         f"handler's {known}: given back for a member that knows it")  # fmt: skip
+        self.version = version
+
+
+def upgraded(spec: HandlerSpec, args: dict[str, Any]) -> dict[str, Any]:
+    """The args at the handler's version: the version key removed, older payloads run
+    through the upgraders. NewerArgs for a payload newer than the handler; ArgsError for
+    a version that is not an int >= 1, or one with no upgrader."""
+    version = args.pop(VERSION_KEY, 1)
+    if not _is_int(version) or version < 1:
+        raise ArgsError(spec.kind, _type_name(spec.args_type),
+                        f"{VERSION_KEY} must be an int >= 1, got {version!r}")  # fmt: skip
+    if version > spec.args_version:
+        raise NewerArgs(spec.kind, version, spec.args_version)
+    while version < spec.args_version:
+        upgrade = spec.upgraders.get(version)
+        if upgrade is None:
+            raise ArgsError(spec.kind, _type_name(spec.args_type),
+                            f"no upgrader from args version {version}")  # fmt: skip
+        args = upgrade(args)
+        if not isinstance(args, dict):
+            raise TypeError(f"the upgrader of {spec.kind!r} from version {version} "
+                            f"returned {type(args).__name__}, not a dict")  # fmt: skip
+        version += 1
+    return args
+
+
 class JobOutcome(Exception):
     """Base of the exceptions a handler raises to choose what happens to its job."""
 
@@ -327,16 +391,34 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         return msg, kwargs
 
 
+class ResultsUnavailable(PgjobdError):
+    """ctx.results() could not be read (the member could not reach the database)."""
+
+
+class BatchCounts(NamedTuple):
+    """How the jobs a batch callback waited for ended (`JobContext.batch`)."""
+
+    completed: int
+    failed: int  # dead or cancelled
+
+
 class JobContext:
     """What a running job knows about itself; the optional second handler parameter.
 
     `cancelled` is a threading.Event so that both thread (def) and async handlers can
     check it: it is set when the job is cancelled or its lease is lost.
+    `dependencies`: the ids it waited for (depends_on, then after); `await results()`
+    gives their results, `{id: result}` (None for one that returned nothing; an id
+    whose queue keeps no final records is missing). `batch`: for a job that waited
+    with `after` (a batch's callback), how those jobs ended; else None.
     """
 
     __slots__ = (
+        "_results",
         "attempt",
+        "batch",
         "cancelled",
+        "dependencies",
         "enqueued_at",
         "id",
         "kind",
@@ -360,8 +442,15 @@ class JobContext:
         scheduled_at: datetime,
         cancelled: threading.Event | None = None,
         logger: logging.Logger | None = None,
+        dependencies: Sequence[int] = (),
+        results: Mapping[int, Any] | Callable[[], Awaitable[Mapping[int, Any]]] | None = None,
+        batch: BatchCounts | None = None,
     ) -> None:
         self.id = id
+        self.dependencies = list(dependencies)
+        # The results, or how to read them (once, when first asked for).
+        self._results = results
+        self.batch = batch
         self.kind = kind
         self.queue = queue
         self.attempt = attempt
@@ -374,6 +463,14 @@ class JobContext:
             logger or logging.getLogger("pgjobd.job"),
             {"job_id": id, "kind": kind, "queue": queue, "attempt": attempt},
         )
+
+    async def results(self) -> dict[int, Any]:
+        """The results of the jobs it waited for, `{id: result}`. In a worker they are
+        read when first asked for, by the member (the worker has no database session):
+        a job that never asks costs nothing."""
+        if callable(self._results):
+            self._results = await self._results()
+        return dict(self._results or {})
 
     def __repr__(self) -> str:
         return (

@@ -153,6 +153,12 @@ ROLE_TICK = Histogram(
 ROLE_ERRORS = Counter(
     "pgjobd_role_errors_total", "Leader role ticks that failed.", ["role"], registry=REGISTRY
 )
+JOBS_EXPIRED = Counter(
+    "pgjobd_jobs_expired_total",
+    "Jobs not started by their expires_at (ttl), ended dead with reason 'expired' by the "
+    "reaper (on the leader).",
+    ["queue", "kind"], registry=REGISTRY,
+)  # fmt: skip
 LEASES_EXPIRED = Counter(
     "pgjobd_leases_expired_total",
     "Running jobs whose member stopped renewing their lease, taken back by the reaper "
@@ -164,7 +170,8 @@ LEASES_EXPIRED = Counter(
 
 QUEUE_JOBS = Gauge(
     "pgjobd_queue_jobs",
-    "Live jobs per queue and state (available, scheduled, running, retryable); leader only.",
+    "Live jobs per queue and state (available, scheduled, running, retryable, blocked); "
+    "leader only.",
     ["queue", "state"], registry=REGISTRY,
 )  # fmt: skip
 QUEUE_OLDEST_AGE = Gauge(
@@ -205,7 +212,7 @@ _FLEET_GAUGES: tuple[Gauge, ...] = (
     XMIN_HORIZON_AGE, XMIN_HORIZON_XIDS, WRAPAROUND_AGE,
 )  # fmt: skip
 
-QUEUE_STATES = ("available", "scheduled", "running", "retryable")
+QUEUE_STATES = ("available", "scheduled", "running", "retryable", "blocked")
 
 # Verdicts that are failed attempts (job_attempt rows), and the rest.
 _FAILED_ATTEMPT = frozenset({"failed", "retry", "discarded", "invalid_args", "unknown_kind",

@@ -40,6 +40,11 @@ class ClaimedJob(msgspec.Struct, frozen=True):
     enqueued_at: datetime
     scheduled_at: datetime  # run_at: when the job was due
     args: bytes  # the JSON text, decoded only in the worker process
+    # What it waited for (depends_on, after) and how many `after` jobs failed. Their
+    # results are read only when the handler asks (ctx.results(): ResultsWanted).
+    depends_on: tuple[int, ...] = ()
+    after: tuple[int, ...] = ()
+    after_failed: int = 0
 
 
 class Outcome(msgspec.Struct, frozen=True):
@@ -53,6 +58,7 @@ class Outcome(msgspec.Struct, frozen=True):
     error_message: str | None = None
     traceback: str | None = None
     after_s: float | None = None  # Retry(after=) / Snooze(...)
+    fingerprint: str | None = None  # of the error; the completer fills in a missing one
 
 
 class KindInfo(msgspec.Struct, frozen=True):

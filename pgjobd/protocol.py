@@ -88,10 +88,27 @@ class Done(Message, frozen=True, tag="done"):
     error_message: str | None = None
     traceback: str | None = None
     after_s: float | None = None
+    fingerprint: str | None = None  # of the error (pgjobd.fingerprint), if any
 
 
-ToChild = Run | Cancel | Stop
-ToParent = Ready | BootFailed | Done
+class ResultsWanted(Message, frozen=True, tag="results_wanted"):
+    """A handler awaits ctx.results(): the parent reads them from the database."""
+
+    job_id: int
+    fence: int
+
+
+class Results(Message, frozen=True, tag="results"):
+    """The answer to ResultsWanted: JSON text {"id": result}, or why there is none."""
+
+    job_id: int
+    fence: int
+    results: bytes | None = None
+    error: str | None = None
+
+
+ToChild = Run | Cancel | Stop | Results
+ToParent = Ready | BootFailed | Done | ResultsWanted
 
 M = TypeVar("M")
 

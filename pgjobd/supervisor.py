@@ -47,7 +47,7 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,13 +62,17 @@ from pgjobd.errors import ConfigError
 from pgjobd.model import ClaimedJob, KindInfo, Outcome
 from pgjobd.protocol import (
     EXIT_BOOT,
+    MAX_FRAME,
     BootFailed,
     Cancel,
     Done,
     ProtocolError,
     Ready,
+    Results,
+    ResultsWanted,
     Run,
     Stop,
+    ToChild,
     ToParent,
 )
 
@@ -151,8 +155,11 @@ class QueueWorkers:
         grace_s: float = 5.0,
         boot_timeout_s: float = BOOT_TIMEOUT_S,
         env: Mapping[str, str] | None = None,
+        results_source: Callable[[list[int]], Awaitable[bytes | None]] | None = None,
     ) -> None:
         self.queue = queue
+        # Reads the results a running job waited for, when its handler asks for them.
+        self.results_source = results_source
         self.config = config
         self.handler_dirs = [Path(d) for d in handler_dirs]
         self.outcomes = outcomes
@@ -558,6 +565,8 @@ class QueueWorkers:
                         await self._finish(child, message)
                     finally:
                         child.handing_over = False
+                elif isinstance(message, ResultsWanted) and self._tg is not None:
+                    self._tg.start_soon(self._give_results, child, message)
                 else:
                     log.warning("worker %d sent an unexpected %s", child.pid,
                                 type(message).__name__)  # fmt: skip
@@ -578,7 +587,7 @@ class QueueWorkers:
         outcome = Outcome(
             held.job, done.verdict, duration_s=done.duration_s, result=done.result,
             error_class=done.error_class, error_message=done.error_message,
-            traceback=done.traceback, after_s=done.after_s,
+            traceback=done.traceback, after_s=done.after_s, fingerprint=done.fingerprint,
         )  # fmt: skip
         await self.outcomes.send(outcome)  # bounded: a slow completer slows us here
         # Only now is the slot free: until the outcome is handed over the job is held.
@@ -695,7 +704,32 @@ class QueueWorkers:
         _tree.worker_pids.discard(child.pid)
         return child.process.returncode
 
-    async def _send_quietly(self, child: _Child, message: Cancel | Stop) -> None:
+    async def _give_results(self, child: _Child, wanted: ResultsWanted) -> None:
+        """Answer a handler's ctx.results(): what its job waited for, from history."""
+        held = child.held.get((wanted.job_id, wanted.fence))
+        if held is None:
+            return  # it ended (or was given back) meanwhile
+        answer = Results(wanted.job_id, wanted.fence)
+        ids = [*held.job.depends_on, *held.job.after]
+        if not ids:
+            answer = Results(wanted.job_id, wanted.fence, results=b"{}")
+        elif self.results_source is None:
+            answer = Results(wanted.job_id, wanted.fence, error="no database to read them from")
+        else:
+            try:
+                text = await self.results_source(ids)
+            except Exception as e:  # the handler gets the error; the job is retried
+                answer = Results(wanted.job_id, wanted.fence, error=f"{type(e).__name__}: {e}")
+            else:
+                if text is not None and len(text) > MAX_FRAME - 4096:
+                    answer = Results(wanted.job_id, wanted.fence,
+                                     error=f"the results are {len(text)} bytes of JSON, "
+                                     f"more than a frame carries ({MAX_FRAME})")  # fmt: skip
+                else:
+                    answer = Results(wanted.job_id, wanted.fence, results=text or b"{}")
+        await self._send_quietly(child, answer)
+
+    async def _send_quietly(self, child: _Child, message: ToChild) -> None:
         # A child that is gone cannot take it: its reaping reports what it held.
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
             await child.channel.send(message)

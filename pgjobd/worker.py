@@ -47,7 +47,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +57,19 @@ import uvloop
 from pgjobd import log as pgjobd_log
 from pgjobd import redact
 from pgjobd.errors import ConfigError
+from pgjobd.fingerprint import fingerprint
 from pgjobd.handler_api import (
+    VERSION_KEY,
     ArgsError,
+    BatchCounts,
     Discard,
     HandlerSpec,
     JobContext,
+    NewerArgs,
+    ResultsUnavailable,
     Retry,
     Snooze,
+    upgraded,
     validate_args,
 )
 from pgjobd.handler_loader import PACKAGE_ROOT, Registry, load_directories
@@ -80,12 +86,17 @@ from pgjobd.protocol import (
     Done,
     ProtocolError,
     Ready,
+    Results,
+    ResultsWanted,
     Run,
     Stop,
     encode_frame,
 )
 
 ORPHAN_GRACE_S = 5.0
+# A job whose args are newer than its handler comes back this much later (for a member
+# that knows them: a rolling deploy), with no attempt charged.
+GIVE_BACK_S = 1.0
 
 log = logging.getLogger("pgjobd.worker")
 
@@ -175,9 +186,30 @@ class Worker:
         self._stopping = False
         self._parent = os.getppid()
         self._broken_logged = False
+        self._channel: ChildChannel | None = None
+        self._results_asked: dict[tuple[int, int], asyncio.Future[Results]] = {}
+
+    def _results_reader(self, job: ClaimedJob) -> Callable[[], Awaitable[dict[int, Any]]]:
+        """ctx.results() in this process: asks the supervisor, which reads them."""
+
+        async def read() -> dict[int, Any]:
+            if self._channel is None:
+                raise ResultsUnavailable("no supervisor to read them from")
+            key = (job.id, job.fence)
+            answer: asyncio.Future[Results] = asyncio.get_running_loop().create_future()
+            self._results_asked[key] = answer
+            await self._channel.send(ResultsWanted(job.id, job.fence))
+            given = await answer
+            if given.error is not None:
+                raise ResultsUnavailable(f"the results of jobs {job.id} waited for: {given.error}")
+            decoded = msgspec.json.decode(given.results or b"{}")
+            return {int(k): v for k, v in decoded.items()}
+
+        return read
 
     async def serve(self, frames_in: int, frames_out: int) -> int:
         channel = await ChildChannel.open(frames_in, frames_out)
+        self._channel = channel
         channel.on_broken = self._channel_broken
         orphaned = False
         await channel.send(
@@ -196,6 +228,10 @@ class Worker:
                     cancelled = self._cancelled.get((message.job_id, message.fence))
                     if cancelled is not None:
                         cancelled.set()
+                elif isinstance(message, Results):
+                    answer = self._results_asked.pop((message.job_id, message.fence), None)
+                    if answer is not None and not answer.done():
+                        answer.set_result(message)
                 elif isinstance(message, Stop):
                     self._stopping = True
         except EOFError:
@@ -287,7 +323,14 @@ class Worker:
                 f"{self.queue!r}; known kinds: {known}",
             )
         try:
-            args = validate_args(spec, msgspec.json.decode(job.args))
+            decoded = msgspec.json.decode(job.args)
+            if isinstance(decoded, dict) and (VERSION_KEY in decoded or spec.args_version > 1):
+                decoded = upgraded(spec, decoded)
+            args = validate_args(spec, decoded)
+        except NewerArgs as e:
+            # Not this handler's to run: back in GIVE_BACK_S, no attempt charged.
+            return done("snoozed", after_s=GIVE_BACK_S, error_class="pgjobd.NewerArgs",
+                        error_message=str(e))  # fmt: skip
         except (msgspec.DecodeError, RecursionError) as e:
             # RecursionError: nested deeper than Python can convert (a direct INSERT can
             # store what enqueue refuses): as unusable as invalid JSON, never retried.
@@ -295,8 +338,11 @@ class Worker:
             return done("invalid_args", error_class="pgjobd.ArgsError", error_message=message)
         except ArgsError as e:
             return done("invalid_args", error_class="pgjobd.ArgsError", error_message=str(e))
+        except Exception as e:  # an upgrader failed: a failed attempt, retried
+            return done("failed", **_error_fields(e))
 
-        ctx = _context(job, self._cancelled.setdefault((job.id, job.fence), threading.Event()))
+        ctx = _context(job, self._cancelled.setdefault((job.id, job.fence), threading.Event()),
+                       self._results_reader(job))  # fmt: skip
         # Every line logged while the job runs (any logger, print in JSON mode) names it.
         pgjobd_log.job_fields.set(
             {"job_id": job.id, "kind": job.kind, "queue": job.queue, "attempt": job.attempt}
@@ -347,8 +393,17 @@ def _being_cancelled() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-def _context(job: ClaimedJob, cancelled: threading.Event) -> JobContext:
+def _context(
+    job: ClaimedJob,
+    cancelled: threading.Event,
+    results: Callable[[], Awaitable[dict[int, Any]]] | None,
+) -> JobContext:
     return JobContext(
+        dependencies=job.depends_on + job.after,
+        results=results if job.depends_on or job.after else {},
+        batch=BatchCounts(len(job.after) - job.after_failed, job.after_failed)
+        if job.after
+        else None,
         id=job.id,
         kind=job.kind,
         queue=job.queue,
@@ -449,7 +504,22 @@ def _error_fields(error: BaseException) -> dict[str, Any]:
     message = str(error)
     if len(message) > MAX_MESSAGE_CHARS:
         message = message[:MAX_MESSAGE_CHARS] + "...(truncated)"
-    return {"error_class": class_name(type(error)), "error_message": message, "traceback": text}
+    error_class = class_name(type(error))
+    return {"error_class": error_class, "error_message": message, "traceback": text,
+            "fingerprint": fingerprint(error_class, message, handler_frame(error))}  # fmt: skip
+
+
+def handler_frame(error: BaseException) -> str | None:
+    """The innermost frame of the handlers' code the error passed through, as
+    "module:function" (the module without its synthetic package), or None."""
+    found = None
+    tb = error.__traceback__
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__", "")
+        if isinstance(module, str) and module.startswith(PACKAGE_ROOT + "."):
+            found = f"{module.split('.', 2)[-1]}:{tb.tb_frame.f_code.co_name}"
+        tb = tb.tb_next
+    return found
 
 
 def _cause_fields(outcome: BaseException) -> dict[str, Any]:
@@ -457,7 +527,9 @@ def _cause_fields(outcome: BaseException) -> dict[str, Any]:
     cause = outcome.__cause__ or outcome.__context__
     if cause is not None:
         return _error_fields(cause)
-    return {"error_class": class_name(type(outcome)), "error_message": str(outcome) or None}
+    error_class = class_name(type(outcome))
+    return {"error_class": error_class, "error_message": str(outcome) or None,
+            "fingerprint": fingerprint(error_class, str(outcome))}  # fmt: skip
 
 
 if __name__ == "__main__":

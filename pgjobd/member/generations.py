@@ -126,6 +126,7 @@ class Generations:
                     env=pgjobd_log.worker_env(
                         config.daemon.log_format, config.daemon.log_level, member_id
                     ),
+                    results_source=self._read_results,
                 )
                 for name, queue in config.queues.items()
             },
@@ -136,6 +137,12 @@ class Generations:
             raise most_telling(group) from None
         self.running.append(generation)
         return generation
+
+    async def _read_results(self, ids: list[int]) -> bytes | None:
+        """The results of jobs `ids` as JSON text {"id": result} (ctx.results())."""
+        async with db.acquire(self.ctx.pool) as conn:
+            text = await self.ctx.queries.job_results(conn, ids)
+        return None if text is None else text.encode()
 
     def start_producers(self, generation: Generation) -> None:
         assert self.intake_tg is not None, "no scope for the producers yet"

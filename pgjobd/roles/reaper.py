@@ -1,4 +1,5 @@
-"""The reaper: takes back jobs whose lease expired, and forgets long-gone members.
+"""The reaper: takes back jobs whose lease expired, ends jobs not started by their
+expires_at (ttl), and forgets long-gone members.
 
 It reaps nothing until its term has lasted one lease (see job_reap_expired): after an
 outage, every member first gets a lease's worth of database time to record what it
@@ -9,6 +10,8 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 from typing import ClassVar
+
+import asyncpg
 
 from pgjobd import db, metrics
 from pgjobd.config import DEFAULT_QUEUE, Config
@@ -57,6 +60,7 @@ class Reaper:
                     )  # fmt: skip
                 if reaped.rescued + reaped.died < BATCH:
                     break
+            await _expire(conn, ctx)
             async with fenced(conn, ctx):
                 gone = await ctx.queries.member_forget_gone(conn, ctx.term, MEMBER_SILENCE)
             self._next_expiry_s = await ctx.queries.job_next_lease_expiry(conn, ctx.term, lease)
@@ -65,3 +69,22 @@ class Reaper:
                 "forgot %d members silent for %s", len(gone), MEMBER_SILENCE,
                 extra={"event": "reaper.members_forgotten"},
             )  # fmt: skip
+
+
+async def _expire(conn: asyncpg.Connection, ctx: RoleContext) -> None:
+    """End the jobs not started by their expires_at, in batches (the claim already
+    refuses them; this takes them out of the hot table and records them dead)."""
+    while True:
+        async with fenced(conn, ctx):
+            rows = await ctx.queries.job_expire(conn, ctx.term, BATCH)
+        ended = 0
+        for row in rows:
+            metrics.JOBS_EXPIRED.labels(row.queue, row.kind).inc(row.expired)
+            ended += row.expired
+        if ended:
+            log.warning(
+                "%d jobs expired before they started", ended,
+                extra={"event": "reaper.expired", "expired": ended, "term": ctx.term},
+            )  # fmt: skip
+        if ended < BATCH:
+            return

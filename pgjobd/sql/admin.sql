@@ -91,7 +91,8 @@ SELECT n.queue,
        coalesce(q.paused, false) AS paused,
        coalesce(f.dead_last_hour, 0) AS dead_last_hour,
        coalesce(f.completed_last_minute, 0) / 60.0::float8 AS throughput_per_s,
-       q.global_concurrency, q.rate_limit, q.rate_window, q.max_depth
+       q.global_concurrency, q.rate_limit, q.rate_window, q.max_depth,
+       coalesce(l.blocked, 0) AS blocked
 FROM named AS n
 LEFT JOIN live AS l USING (queue)
 LEFT JOIN finished AS f USING (queue)
@@ -241,28 +242,53 @@ SELECT ARRAY(SELECT r.id FROM revived AS r ORDER BY r.id) AS ids,
        (SELECT count(*) FROM woken) AS queues_woken;
 
 -- name: admin_dlq_list
--- Dead jobs, most recently dead first, with the args fields their kind redacts.
--- $1 kind (NULL: any), $2 queue (NULL: any), $3 dead since (NULL: ever), $4 limit
+-- Dead jobs, most recently dead first, with the args fields their kind redacts, each
+-- with the fingerprint of its last failed attempt (NULL: it ended without one, e.g.
+-- expired or dependency_failed).
+-- $1 kind (NULL: any), $2 queue (NULL: any), $3 dead since (NULL: ever), $4 limit,
+-- $5 fingerprint (NULL: any)
 SELECT h.id, h.kind, h.queue, h.attempt, h.max_attempts, h.reason, h.finished_at,
        h.enqueued_at, h.last_error, h.args::text AS args,
-       (SELECT k.redact FROM {{schema}}.kind AS k WHERE k.name = h.kind) AS redact
+       (SELECT k.redact FROM {{schema}}.kind AS k WHERE k.name = h.kind) AS redact,
+       a.fingerprint
 FROM {{schema}}.job_history AS h
+CROSS JOIN LATERAL (SELECT {{schema}}.job_fingerprint(h.id) AS fingerprint) AS a
 WHERE h.state = 'dead'
   AND ($1::text IS NULL OR h.kind = $1::text)
   AND ($2::text IS NULL OR h.queue = $2::text)
   AND ($3::timestamptz IS NULL OR h.finished_at >= $3::timestamptz)
+  AND ($5::text IS NULL OR a.fingerprint = $5::text)
 ORDER BY h.finished_at DESC, h.id DESC
 LIMIT $4;
 
+-- name: admin_dlq_groups
+-- Every matching dead job, grouped by the fingerprint of its last failed attempt (and
+-- the reason it ended): how many, of which kinds, when the latest died, and the latest
+-- one's error. Largest groups first.
+-- $1 kind (NULL: any), $2 queue (NULL: any), $3 dead since (NULL: ever)
+SELECT a.fingerprint, h.reason, count(*) AS jobs, array_agg(DISTINCT h.kind) AS kinds,
+       max(h.finished_at) AS last_dead_at,
+       (array_agg(h.last_error ORDER BY h.finished_at DESC))[1] AS last_error
+FROM {{schema}}.job_history AS h
+CROSS JOIN LATERAL (SELECT {{schema}}.job_fingerprint(h.id) AS fingerprint) AS a
+WHERE h.state = 'dead'
+  AND ($1::text IS NULL OR h.kind = $1::text)
+  AND ($2::text IS NULL OR h.queue = $2::text)
+  AND ($3::timestamptz IS NULL OR h.finished_at >= $3::timestamptz)
+GROUP BY a.fingerprint, h.reason
+ORDER BY count(*) DESC, max(h.finished_at) DESC;
+
 -- name: admin_dlq_ids
 -- The dead jobs a redrive takes (then admin_jobs_revive, in the same transaction).
--- $1 kind (NULL: any), $2 queue (NULL: any), $3 dead since (NULL: ever)
+-- $1 kind (NULL: any), $2 queue (NULL: any), $3 dead since (NULL: ever), $4 fingerprint
+-- of the last failed attempt (NULL: any)
 SELECT h.id
 FROM {{schema}}.job_history AS h
 WHERE h.state = 'dead'
   AND ($1::text IS NULL OR h.kind = $1::text)
   AND ($2::text IS NULL OR h.queue = $2::text)
   AND ($3::timestamptz IS NULL OR h.finished_at >= $3::timestamptz)
+  AND ($4::text IS NULL OR {{schema}}.job_fingerprint(h.id) = $4::text)
 ORDER BY h.id;
 
 -- name: admin_dlq_group_ids

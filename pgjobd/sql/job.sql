@@ -4,18 +4,21 @@
 -- One job through the SQL function; the args travel as JSON text, so the size limit
 -- applies to exactly what was sent.
 -- $1 kind, $2 args (JSON text), $3 queue, $4 priority, $5 run_at, $6 tenant,
--- $7 unique_key, $8 max_attempts, $9 delay, $10 on_conflict, $11 group_key
+-- $7 unique_key, $8 max_attempts, $9 delay, $10 on_conflict, $11 group_key,
+-- $12 depends_on, $13 expires_at, $14 ttl, $15 unique_for, $16 after
 SELECT {{schema}}.enqueue($1, $2::text::jsonb, $3, $4, $5, $6, $7, $8, $9, $10,
-                          octet_length($2::text), $11);
+                          octet_length($2::text), $11, $12, $13, $14, $15, $16);
 
 -- name: job_enqueue_many
 -- The args travel as JSON text, so the size limit applies to exactly what was sent.
 -- $1 kinds, $2 args (JSON texts), $3 queues, $4 priorities, $5 run_ats, $6 delays,
--- $7 tenants, $8 unique_keys, $9 max_attempts, $10 group_keys, $11 on_conflict
+-- $7 tenants, $8 unique_keys, $9 max_attempts, $10 group_keys, $11 dependencies (array
+-- texts), $12 expires_ats, $13 ttls, $14 unique_fors, $15 afters (array texts),
+-- $16 on_conflict
 SELECT e.id
-FROM {{schema}}.enqueue_many($1, $2::text[]::jsonb[], $3, $4, $5, $6, $7, $8, $9, $11,
+FROM {{schema}}.enqueue_many($1, $2::text[]::jsonb[], $3, $4, $5, $6, $7, $8, $9, $16,
                              ARRAY(SELECT octet_length(t) FROM unnest($2::text[]) AS t),
-                             $10) AS e
+                             $10, $11, $12, $13, $14, $15) AS e
 ORDER BY e.ord;
 
 -- name: job_stage_create
@@ -32,7 +35,9 @@ CREATE TEMP TABLE IF NOT EXISTS pgjobd_enqueue_stage (
     delay        interval,
     tenant       text,
     max_attempts integer,
-    group_key    text
+    group_key    text,
+    expires_at   timestamptz,
+    ttl          interval
 ) ON COMMIT DELETE ROWS;
 
 -- name: job_enqueue_staged
@@ -48,7 +53,8 @@ WITH staged AS (
 ), resolved AS (
     SELECT o.*, nextval('{{schema}}.job_id_seq') AS id  -- drawn in input order
     FROM (
-        SELECT s.ord, s.kind, s.args, s.tenant, s.group_key, d.*
+        SELECT s.ord, s.kind, s.args, s.tenant, s.group_key,
+               coalesce(s.expires_at, now() + s.ttl) AS expires_at, d.*
         FROM staged AS s
         LEFT JOIN {{schema}}.kind AS k ON k.name = s.kind
         CROSS JOIN LATERAL {{schema}}.job_defaults(
@@ -68,9 +74,9 @@ WITH staged AS (
     -- No RETURNING: the producer role may insert into job but not read it. After
     -- admitted (read here so that it runs first): a refusal writes nothing.
     INSERT INTO {{schema}}.job (id, state, queue, kind, priority, run_at, args, max_attempts,
-                                tenant, group_key)
+                                tenant, group_key, expires_at)
     SELECT r.id, r.state, r.queue, r.kind, r.priority, r.run_at, r.args::jsonb,
-           r.max_attempts, r.tenant, r.group_key
+           r.max_attempts, r.tenant, r.group_key, r.expires_at
     FROM resolved AS r
     WHERE (SELECT count(*) FROM admitted) >= 0
 ), woken AS (
@@ -87,16 +93,42 @@ ORDER BY r.ord;
 SELECT j.id, j.kind, j.queue, j.state::text AS state, j.attempt, j.max_attempts,
        j.priority, j.args, NULL::jsonb AS result, NULL::text AS reason, j.tenant,
        j.unique_key, j.run_at, j.enqueued_at, NULL::timestamptz AS finished_at,
-       j.last_error
+       j.last_error, coalesce(j.depends_on, '{}') AS depends_on,
+       coalesce(j.after_jobs, '{}') AS after, j.expires_at
 FROM {{schema}}.job AS j
 WHERE j.id = $1
 UNION ALL
 SELECT h.id, h.kind, h.queue, h.state::text, h.attempt, h.max_attempts, h.priority,
        h.args, h.result, h.reason, h.tenant, h.unique_key, h.run_at, h.enqueued_at,
-       h.finished_at, h.last_error
+       h.finished_at, h.last_error, coalesce(h.depends_on, '{}'),
+       coalesce(h.after_jobs, '{}'), NULL::timestamptz
 FROM {{schema}}.job_history AS h
 WHERE h.id = $1
 LIMIT 1;
+
+-- name: job_dependants
+-- The jobs that wait (or waited) for job $1: through depends_on or after, live or
+-- final, oldest first.
+-- $1 id
+SELECT j.id, 'depends_on' AS edge FROM {{schema}}.job AS j
+WHERE j.depends_on @> ARRAY[$1::bigint] AND j.depends_on IS NOT NULL
+UNION
+SELECT j.id, 'after' FROM {{schema}}.job AS j
+WHERE j.after_jobs @> ARRAY[$1::bigint] AND j.after_jobs IS NOT NULL
+UNION
+SELECT h.id, 'depends_on' FROM {{schema}}.job_history AS h
+WHERE h.depends_on @> ARRAY[$1::bigint] AND h.depends_on IS NOT NULL
+UNION
+SELECT h.id, 'after' FROM {{schema}}.job_history AS h
+WHERE h.after_jobs @> ARRAY[$1::bigint] AND h.after_jobs IS NOT NULL
+ORDER BY 1;
+
+-- name: job_live_ids
+-- Which of jobs $1 are still live. Read by client.wait after it LISTENs on
+-- <schema>.job_final: a job seen live here ends in a transaction that commits after
+-- that LISTEN, so its end is announced to the waiter.
+-- $1 ids
+SELECT j.id FROM {{schema}}.job AS j WHERE j.id = ANY($1::bigint[]);
 
 -- name: job_attempt_errors
 -- The failed attempts of a job, oldest first.
@@ -123,6 +155,7 @@ WITH picked AS (
                       WHERE q.name = $1 AND (q.paused OR q.flow))
       AND NOT EXISTS (SELECT FROM {{schema}}.kind AS k
                       WHERE k.global_concurrency IS NOT NULL OR k.rate_limit IS NOT NULL)
+      AND (j.expires_at IS NULL OR j.expires_at > now())  -- expired: the reaper ends it
     ORDER BY j.priority, j.run_at, j.id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -134,7 +167,18 @@ FROM picked
 WHERE j.id = picked.id
 RETURNING j.id, j.fence, j.kind, j.queue, j.attempt, j.max_attempts, j.crashes, j.priority,
           j.tenant, j.enqueued_at, j.run_at AS scheduled_at, j.args::text AS args,
-          extract(epoch FROM now() - j.run_at)::float8 AS waited_s;
+          extract(epoch FROM now() - j.run_at)::float8 AS waited_s,
+          j.depends_on, j.after_jobs, j.blockers_failed;
+
+-- name: job_results
+-- The results of jobs $1 (what a job waited for; read when its handler asks):
+-- {"id": result} from the latest final record of each, as JSON text (NULL: none found).
+-- $1 ids
+SELECT jsonb_object_agg(r.id::text, r.result)::text
+FROM (SELECT DISTINCT ON (h.id) h.id, h.result
+      FROM {{schema}}.job_history AS h
+      WHERE h.id = ANY($1::bigint[])
+      ORDER BY h.id, h.finished_at DESC) AS r;
 
 -- name: job_claim_flow
 -- job_claim for a queue with limits or groups (or while any kind has a limit): see the
@@ -197,10 +241,11 @@ WITH finished AS (
     WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.fence = o.fence
     RETURNING j AS job, j.id, j.fence, o.result, o.keep
 ), recorded AS (
+    -- Every finished job is passed (it settles its dependants); `keep` says which get a
+    -- history record.
     SELECT {{schema}}.job_finish(array_agg(f.job), NULL, array_agg((f.job).last_error),
-                                 array_agg(f.result::jsonb))
+                                 array_agg(f.result::jsonb), array_agg(f.keep))
     FROM finished AS f
-    WHERE f.keep
 )
 -- (Joined with recorded only so that it runs: a SELECT in WITH runs when read.)
 SELECT f.id, f.fence FROM finished AS f CROSS JOIN recorded;
@@ -215,13 +260,13 @@ SELECT f.id, f.fence FROM finished AS f CROSS JOIN recorded;
 -- when it ended (dead: why; or 'cancelled'), else NULL.
 -- $1 ids, $2 fences, $3 verdicts, $4 the queues' max_crashes, $5 delays,
 -- $6 error classes, $7 error messages, $8 tracebacks, $9 durations (s),
--- $10 keep a history record, $11 member id
+-- $10 keep a history record, $11 error fingerprints, $12 member id
 WITH o AS (
     SELECT *
     FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::integer[], $5::interval[],
-                $6::text[], $7::text[], $8::text[], $9::float8[], $10::boolean[])
+                $6::text[], $7::text[], $8::text[], $9::float8[], $10::boolean[], $11::text[])
          AS o(id, fence, outcome, max_crashes, delay, error_class, error_message,
-              traceback, duration_s, keep)
+              traceback, duration_s, keep, fingerprint)
 ), retried AS (
     UPDATE {{schema}}.job AS j
     SET state = CASE o.outcome WHEN 'snoozed' THEN 'scheduled'
@@ -249,18 +294,18 @@ WITH o AS (
                                         o.max_crashes, j.cancel_requested) AS reason,
               concat_ws(': ', o.error_class, o.error_message) AS error, o.keep
 ), buried AS (
-    SELECT {{schema}}.job_finish(array_agg(d.job), array_agg(d.reason), array_agg(d.error))
+    SELECT {{schema}}.job_finish(array_agg(d.job), array_agg(d.reason), array_agg(d.error),
+                                 NULL, array_agg(d.keep))
     FROM died AS d
-    WHERE d.keep
 ), recorded AS (
     SELECT r.id, r.fence, r.attempt, r.queue, r.kind, NULL::text AS reason FROM retried AS r
     UNION ALL
     SELECT d.id, d.fence, d.attempt, d.queue, d.kind, d.reason FROM died AS d
 ), attempts AS (
     INSERT INTO {{schema}}.job_attempt (job_id, failed_at, duration_s, attempt, queue, kind,
-        member, outcome, error_class, error_message, traceback)
-    SELECT o.id, now(), o.duration_s, r.attempt, r.queue, r.kind, $11, o.outcome,
-           o.error_class, o.error_message, o.traceback
+        member, outcome, error_class, error_message, traceback, fingerprint)
+    SELECT o.id, now(), o.duration_s, r.attempt, r.queue, r.kind, $12, o.outcome,
+           o.error_class, o.error_message, o.traceback, o.fingerprint
     FROM recorded AS r JOIN o ON o.id = r.id AND o.fence = r.fence
     WHERE o.outcome NOT IN ('snoozed', 'given_back')
 )

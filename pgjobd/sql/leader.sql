@@ -134,6 +134,37 @@ SELECT (SELECT count(*) FROM rescued) AS rescued, (SELECT count(*) FROM died) AS
        (SELECT count(*) FROM woken) AS queues_woken,
        (SELECT b.written FROM buried AS b) AS buried;  -- (read, so that it runs)
 
+-- name: job_expire
+-- Ends jobs not started by their expires_at: dead with reason 'expired' (the claim
+-- never takes them; this moves them out of the hot table). A running job has started
+-- and is left alone. Fenced by the term like the reaper. Returns how many ended, per
+-- queue and kind.
+-- $1 term, $2 limit
+WITH expired AS (
+    SELECT j.id
+    FROM {{schema}}.job AS j
+    WHERE j.expires_at <= now() AND j.expires_at IS NOT NULL AND j.state <> 'running'
+      AND EXISTS (SELECT FROM {{schema}}.leader AS t
+                  WHERE t.term = $1 AND t.resigned_at IS NULL)
+    ORDER BY j.expires_at
+    LIMIT $2
+    FOR UPDATE OF j SKIP LOCKED
+), died AS (
+    DELETE FROM {{schema}}.job AS j
+    USING expired AS e
+    WHERE j.id = e.id AND j.state <> 'running'
+    RETURNING j AS job, j.queue, j.kind
+), buried AS (
+    SELECT {{schema}}.job_finish(
+        array_agg(d.job), array_agg('expired'::text),
+        array_agg(format('Expired: not started by %s', (d.job).expires_at))
+    ) AS written
+    FROM died AS d
+)
+SELECT d.queue, d.kind, count(*) AS expired
+FROM died AS d CROSS JOIN buried AS b  -- (joined with buried only so that it runs)
+GROUP BY d.queue, d.kind;
+
 -- name: member_forget_gone
 -- Removes member rows whose heartbeat stopped long ago.
 -- $1 term, $2 silence (interval)
@@ -183,7 +214,8 @@ SELECT n.queue,
        coalesce(l.retryable, 0) AS retryable,
        greatest(0, extract(epoch FROM now() - l.oldest_available_at))::float8
            AS oldest_available_age_s,
-       coalesce(q.paused, false) AS paused
+       coalesce(q.paused, false) AS paused,
+       coalesce(l.blocked, 0) AS blocked
 FROM named AS n
 LEFT JOIN live AS l USING (queue)
 LEFT JOIN {{schema}}.queue AS q ON q.name = n.queue

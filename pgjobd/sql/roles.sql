@@ -67,9 +67,10 @@ GRANT USAGE ON SCHEMA {{schema}}
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {{schema}} FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     {{schema}}.enqueue(text, jsonb, text, integer, timestamptz, text, text, integer, interval, text,
-                       integer, text),
+                       integer, text, bigint[], timestamptz, interval, interval, bigint[]),
     {{schema}}.enqueue_many(text[], jsonb[], text[], integer[], timestamptz[], interval[], text[],
-                            text[], integer[], text, integer[], text[]),
+                            text[], integer[], text, integer[], text[], text[], timestamptz[],
+                            interval[], interval[], text[]),
     -- The client's COPY path admits its batch through this one (max_depth, groups).
     {{schema}}.queue_admit(text[], integer[], boolean[])
     TO {{schema}}_producer, {{schema}}_admin, {{schema}}_worker;
@@ -80,9 +81,14 @@ GRANT EXECUTE ON FUNCTION
                             integer)
     TO {{schema}}_producer, {{schema}}_admin, {{schema}}_worker;
 GRANT EXECUTE ON FUNCTION
-    {{schema}}.job_finish(anyarray, text[], text[], jsonb[]),
+    {{schema}}.job_finish(anyarray, text[], text[], jsonb[], boolean[]),
+    -- Called by job_finish: releases or fails the dependants (migration 0010).
+    {{schema}}.job_settle(bigint[], text[]),
     {{schema}}.job_end_reason(text, integer, integer, integer, integer, boolean)
     TO {{schema}}_admin, {{schema}}_worker;
+-- The dead-letter list's fingerprints (migration 0010), read with the reader's rights.
+GRANT EXECUTE ON FUNCTION {{schema}}.job_fingerprint(bigint)
+    TO {{schema}}_readonly, {{schema}}_admin, {{schema}}_worker;
 GRANT EXECUTE ON FUNCTION
     {{schema}}.partitions_ensure(integer),
     {{schema}}.partition_drop(text, text)
@@ -114,7 +120,8 @@ GRANT SELECT ON {{schema}}.job, {{schema}}.job_history, {{schema}}.job_attempt
 -- Only the columns the client's COPY path writes: the rest (attempt, owner, fence,
 -- lease, enqueued_at...) keep their defaults, which every member can work with.
 REVOKE INSERT ON {{schema}}.job FROM {{schema}}_producer;
-GRANT INSERT (id, state, queue, kind, priority, run_at, args, max_attempts, tenant, group_key)
+GRANT INSERT (id, state, queue, kind, priority, run_at, args, max_attempts, tenant, group_key,
+               expires_at)
     ON {{schema}}.job TO {{schema}}_producer;
 GRANT USAGE ON SEQUENCE {{schema}}.job_id_seq TO {{schema}}_producer;
 
@@ -125,6 +132,8 @@ GRANT INSERT, UPDATE, DELETE ON {{schema}}.job, {{schema}}.queue, {{schema}}.cro
     TO {{schema}}_admin, {{schema}}_worker;
 GRANT INSERT ON {{schema}}.job_history, {{schema}}.job_attempt
     TO {{schema}}_admin, {{schema}}_worker;
+-- Finishing a job releases its dependants (job_settle, called by job_finish).
+GRANT DELETE ON {{schema}}.job_dependency TO {{schema}}_admin, {{schema}}_worker;
 GRANT INSERT, UPDATE, DELETE ON {{schema}}.member, {{schema}}.leader, {{schema}}.kind
     TO {{schema}}_worker;
 -- Flow control: the limited claim's rate log, and the leader's depth recount.

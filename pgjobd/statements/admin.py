@@ -39,6 +39,7 @@ class QueueStatusRow(NamedTuple):
     rate_limit: int | None  # starts per rate_window
     rate_window: timedelta | None
     max_depth: int | None
+    blocked: int = 0
 
 
 class JobListRow(NamedTuple):
@@ -99,6 +100,7 @@ class DeadRow(NamedTuple):
     last_error: str | None
     args: str  # JSON text
     redact: list[str] | None  # the args fields its kind redacts
+    fingerprint: str | None
 
 
 class MissingRoleRow(NamedTuple):
@@ -113,6 +115,15 @@ class KindRedactRow(NamedTuple):
 class ScrubbedRow(NamedTuple):
     ids: list[int]
     attempts: int
+
+
+class DeadGroupRow(NamedTuple):
+    fingerprint: str | None
+    reason: str | None
+    jobs: int  # how many (not `count`: a tuple has a method of that name)
+    kinds: list[str]
+    last_dead_at: datetime
+    last_error: str | None
 
 
 class PausedRow(NamedTuple):
@@ -227,16 +238,26 @@ class AdminStatements(Rendered):
     @statement("admin_dlq_list")
     async def admin_dlq_list(
         self, conn: Conn, kind: str | None, queue: str | None, since: datetime | None,
-        limit: int,
+        limit: int, fingerprint: str | None = None,
     ) -> list[DeadRow]:  # fmt: skip
-        records = await conn.fetch(self.sql("admin_dlq_list"), kind, queue, since, limit)
+        records = await conn.fetch(
+            self.sql("admin_dlq_list"), kind, queue, since, limit, fingerprint
+        )
         return rows_of(DeadRow, records)
+
+    @statement("admin_dlq_groups")
+    async def admin_dlq_groups(
+        self, conn: Conn, kind: str | None, queue: str | None, since: datetime | None
+    ) -> list[DeadGroupRow]:
+        records = await conn.fetch(self.sql("admin_dlq_groups"), kind, queue, since)
+        return rows_of(DeadGroupRow, records)
 
     @statement("admin_dlq_ids")
     async def admin_dlq_ids(
-        self, conn: Conn, kind: str | None, queue: str | None, since: datetime | None
-    ) -> list[int]:
-        records = await conn.fetch(self.sql("admin_dlq_ids"), kind, queue, since)
+        self, conn: Conn, kind: str | None, queue: str | None, since: datetime | None,
+        fingerprint: str | None = None,
+    ) -> list[int]:  # fmt: skip
+        records = await conn.fetch(self.sql("admin_dlq_ids"), kind, queue, since, fingerprint)
         return [row[0] for row in records]
 
     @statement("admin_dlq_group_ids")

@@ -23,6 +23,11 @@ class EnqueueRow(NamedTuple):
     unique_key: str | None
     max_attempts: int | None
     group_key: str | None
+    dependencies: str | None = None  # its depends_on ids as array text, '{1,2}'
+    expires_at: datetime | None = None
+    ttl: timedelta | None = None
+    unique_for: timedelta | None = None
+    after: str | None = None  # its after ids as array text
 
 
 class JobRow(NamedTuple):
@@ -44,6 +49,18 @@ class JobRow(NamedTuple):
     enqueued_at: datetime
     finished_at: datetime | None
     last_error: str | None
+    depends_on: list[int]
+    after: list[int]
+    expires_at: datetime | None
+
+
+class Dependant(NamedTuple):
+    id: int
+    edge: str  # 'depends_on' or 'after'
+
+
+class LiveId(NamedTuple):
+    id: int
 
 
 class AttemptError(NamedTuple):
@@ -66,6 +83,9 @@ class ClaimRow(NamedTuple):
     scheduled_at: datetime
     args: str  # JSON text
     waited_s: float
+    depends_on: list[int] | None = None  # what it waited for (issue 13)
+    after_jobs: list[int] | None = None
+    blockers_failed: int = 0  # `after` jobs that ended dead or cancelled
 
     def claimed_job(self) -> ClaimedJob:
         """The job as the member holds it (the args stay JSON text, as bytes)."""
@@ -74,6 +94,8 @@ class ClaimRow(NamedTuple):
             attempt=self.attempt, max_attempts=self.max_attempts, crashes=self.crashes,
             priority=self.priority, tenant=self.tenant, enqueued_at=self.enqueued_at,
             scheduled_at=self.scheduled_at, args=self.args.encode(),
+            depends_on=tuple(self.depends_on or ()), after=tuple(self.after_jobs or ()),
+            after_failed=self.blockers_failed,
         )  # fmt: skip
 
 
@@ -96,8 +118,9 @@ class FlowClaimRow(NamedTuple):
     held_by: str | None
 
     def claim_row(self) -> ClaimRow:
-        """A claimed job's row as job_claim returns it (id not NULL)."""
-        return ClaimRow._make(self[:-1])
+        """A claimed job's row as job_claim returns it (id not NULL). job_claim_flow does
+        not return what the job waited for (issue 13): those fields keep their defaults."""
+        return ClaimRow(*self[:-1])  # type: ignore[arg-type]  # (id not NULL: all set)
 
 
 class Promoted(NamedTuple):
@@ -129,6 +152,7 @@ class FailRow(NamedTuple):
     traceback: str | None
     duration_s: float
     keep_history: bool
+    fingerprint: str | None = None  # of the error (pgjobd.fingerprint)
 
 
 class FailRecorded(NamedTuple):
@@ -150,11 +174,15 @@ class JobStatements(Rendered):
         self, conn: Conn, kind: str, args: str, queue: str | None,
         priority: int | None, run_at: datetime | None, tenant: str | None,
         unique_key: str | None, max_attempts: int | None, delay: timedelta | None,
-        on_conflict: str, group_key: str | None,
+        on_conflict: str, group_key: str | None = None,
+        depends_on: Sequence[int] | None = None, expires_at: datetime | None = None,
+        ttl: timedelta | None = None, unique_for: timedelta | None = None,
+        after: Sequence[int] | None = None,
     ) -> int:  # fmt: skip
         job_id: int = await conn.fetchval(
             self.sql("job_enqueue"), kind, args, queue, priority, run_at, tenant, unique_key,
-            max_attempts, delay, on_conflict, group_key,
+            max_attempts, delay, on_conflict, group_key, depends_on, expires_at, ttl,
+            unique_for, after,
         )  # fmt: skip
         return job_id
 
@@ -178,6 +206,19 @@ class JobStatements(Rendered):
     @statement("job_get")
     async def job_get(self, conn: Conn, job_id: int) -> JobRow | None:
         return row_of(JobRow, await conn.fetchrow(self.sql("job_get"), job_id))
+
+    @statement("job_dependants")
+    async def job_dependants(self, conn: Conn, job_id: int) -> list[Dependant]:
+        return rows_of(Dependant, await conn.fetch(self.sql("job_dependants"), job_id))
+
+    @statement("job_live_ids")
+    async def job_live_ids(self, conn: Conn, ids: Sequence[int]) -> list[LiveId]:
+        return rows_of(LiveId, await conn.fetch(self.sql("job_live_ids"), ids))
+
+    @statement("job_results")
+    async def job_results(self, conn: Conn, ids: Sequence[int]) -> str | None:
+        text: str | None = await conn.fetchval(self.sql("job_results"), ids)
+        return text
 
     @statement("job_attempt_errors")
     async def job_attempt_errors(self, conn: Conn, job_id: int) -> list[AttemptError]:

@@ -35,6 +35,13 @@ class QueueStatRow(NamedTuple):
     retryable: int
     oldest_available_age_s: float | None
     paused: bool
+    blocked: int = 0
+
+
+class ExpiredRow(NamedTuple):
+    queue: str
+    kind: str
+    expired: int
 
 
 class LeaderStatements(Rendered):
@@ -84,6 +91,10 @@ class LeaderStatements(Rendered):
             other_max_crashes,
         )  # fmt: skip
         return one_row("job_reap_expired", Reaped, record)
+
+    @statement("job_expire")
+    async def job_expire(self, conn: Conn, term: int, limit: int) -> list[ExpiredRow]:
+        return rows_of(ExpiredRow, await conn.fetch(self.sql("job_expire"), term, limit))
 
     @statement("member_forget_gone")
     async def member_forget_gone(self, conn: Conn, term: int, silence: timedelta) -> list[str]:

@@ -34,7 +34,9 @@ STATUS_MEMBER_DOCUMENTED = STATUS_MEMBER_KEYS | {"version", "uptime_s", "queues"
 STATUS_QUEUE_KEYS = {
     "available", "scheduled", "running", "retryable", "oldest_available_age_s", "paused",
 }  # fmt: skip
-STATUS_QUEUE_DOCUMENTED = STATUS_QUEUE_KEYS | {"dead_last_hour", "throughput_per_s", "limited"}
+STATUS_QUEUE_DOCUMENTED = STATUS_QUEUE_KEYS | {
+    "dead_last_hour", "throughput_per_s", "limited", "blocked"
+}  # fmt: skip
 SHOW_KEYS = {
     "id", "kind", "queue", "state", "attempt", "max_attempts", "args", "result", "reason",
     "errors",

@@ -99,7 +99,7 @@ class Fleet:
                 fail.discard(job["id"])
                 recorded = await conn.fetch(
                     self.q.sql("job_fail_many"), [job["id"]], [job["fence"]], ["failed"], [100],
-                    [timedelta(0)], ["E"], ["boom"], [None], [0.0], [True], member,
+                    [timedelta(0)], ["E"], ["boom"], [None], [0.0], [True], [None], member,
                 )  # fmt: skip
             else:
                 recorded = await conn.fetch(
@@ -158,11 +158,9 @@ async def _set_limits(conn: asyncpg.Connection, schema: str, **queues: QueueConf
 
 async def _enqueue(conn: asyncpg.Connection, q: Queries, kind: str, queue: str,
                    group: str | None = None, priority: int | None = None) -> int:  # fmt: skip
-    job_id: int = await conn.fetchval(
-        q.sql("job_enqueue"), kind, "{}", queue, priority, None, None, None, None, None, "return",
-        group,
-    )  # fmt: skip
-    return job_id
+    return await q.job_enqueue(
+        conn, kind, "{}", queue, priority, None, None, None, None, None, "return", group
+    )
 
 
 async def test_global_concurrency_is_never_exceeded_by_racing_claimers(

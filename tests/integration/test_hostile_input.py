@@ -645,3 +645,43 @@ async def test_admin_commands_show_jobs_stored_at_the_edges(
         for flags in ([], ["--json"]):
             result = await _pgjobd(*command, "--dsn", dsn, "--schema", schema, *flags)
             assert result.returncode == 0, result.stderr
+
+
+# -- the lifecycle options (issue 13) ------------------------------------------------------
+
+lifecycle_durations = st.one_of(
+    st.none(), st.sampled_from(["1ms", "10m", "0s", "-1s", "1d", "xyz", ""]),
+    st.floats(allow_nan=False, allow_infinity=False), st.integers(-(2**40), 2**40),
+    st.timedeltas(min_value=timedelta(days=-3), max_value=timedelta(days=400_000)),
+)  # fmt: skip
+job_id_lists = st.one_of(
+    st.none(), st.just("12"), st.lists(st.one_of(st.integers(-(2**70), 2**70), texts,
+                                                 st.booleans()), max_size=4),
+)  # fmt: skip
+
+
+@SETTINGS
+@given(
+    depends_on=job_id_lists, after=job_id_lists, ttl=lifecycle_durations,
+    unique_for=lifecycle_durations, key=optional_texts,
+    on_conflict=st.sampled_from(["return", "raise", "replace", "bogus"]),
+    existing=st.booleans(),
+)  # fmt: skip
+async def test_lifecycle_options_refuse_or_store_and_the_fleet_reads_them(
+    client: Client, conn: asyncpg.Connection, schema: str, leading: RoleContext,
+    depends_on: Any, after: Any, ttl: Any, unique_for: Any, key: str | None,
+    on_conflict: str, existing: bool,
+) -> None:  # fmt: skip
+    if existing:  # a real job to depend on, alongside whatever was drawn
+        real = await client.enqueue("k")
+        depends_on = [real, *(depends_on if isinstance(depends_on, list) else [])]
+    result = await _refused_or_stored(
+        conn, schema,
+        lambda: client.enqueue("k", depends_on=depends_on, after=after, ttl=ttl,
+                               unique_for=unique_for, unique_key=key,
+                               on_conflict=on_conflict),  # type: ignore[arg-type]
+    )  # fmt: skip
+    if result is not None:
+        info = await client.job(result)
+        assert info is not None
+    await _fleet_still_works(leading, client, schema)

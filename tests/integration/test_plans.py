@@ -75,6 +75,7 @@ CASES = [
             [None] * BATCH,
             [0.1] * BATCH,
             [True] * BATCH,
+            [None] * BATCH,
             "planner",
         ),
         (("job_pkey",),),

@@ -46,6 +46,8 @@ ROLE_MATRIX: dict[str, dict[str, set[str]]] = {
     "table migration": {"producer": READ, "readonly": READ, "admin": READ, "worker": READ},
     "table queue": {"producer": READ, "readonly": READ, "admin": WRITE, "worker": WRITE},
     "table flow_start": {"producer": NONE, "readonly": READ, "admin": READ, "worker": WRITE},
+    "table job_dependency": {"producer": NONE, "readonly": READ, "admin": {"SELECT", "DELETE"},
+                             "worker": {"SELECT", "DELETE"}},
     "table queue_sample": {"producer": NONE, "readonly": READ, "admin": READ,
                            "worker": {"SELECT", "INSERT", "DELETE"}},
     "table queue_enqueued": {"producer": NONE, "readonly": READ, "admin": READ,
@@ -68,9 +70,11 @@ _LEADER = {"producer": NONE, "readonly": NONE, "admin": NONE, "worker": EXECUTE}
 _INTERNAL = {"producer": NONE, "readonly": NONE, "admin": NONE, "worker": NONE}
 ROLE_MATRIX |= {
     "function enqueue(text,jsonb,text,integer,timestamp with time zone,text,text,integer,"
-    "interval,text,integer,text)": _ENQUEUERS,
+    "interval,text,integer,text,bigint[],timestamp with time zone,interval,interval,"
+    "bigint[])": _ENQUEUERS,
     "function enqueue_many(text[],jsonb[],text[],integer[],timestamp with time zone[],"
-    "interval[],text[],text[],integer[],text,integer[],text[])": _ENQUEUERS,
+    "interval[],text[],text[],integer[],text,integer[],text[],text[],timestamp with time zone[],"
+    "interval[],interval[],text[])": _ENQUEUERS,
     "function queue_admit(text[],integer[],boolean[])": _ENQUEUERS,
     "function queue_admit_needed(boolean)": _ENQUEUERS,
     "function job_claim_flow(text,integer,text,interval)": _LEADER,
@@ -88,7 +92,20 @@ ROLE_MATRIX |= {
     },
     "function job_defaults(text,smallint,integer,text,integer,timestamp with time zone,"
     "interval,integer)": _ENQUEUERS,
-    "function job_finish(anyarray,text[],text[],jsonb[])": _FINISHERS,
+    "function job_finish(anyarray,text[],text[],jsonb[],boolean[])": _FINISHERS,
+    "function job_settle(bigint[],text[])": _FINISHERS,
+    "function job_fingerprint(bigint)": {
+        "producer": NONE,
+        "readonly": EXECUTE,
+        "admin": EXECUTE,
+        "worker": EXECUTE,
+    },
+    "function job_block(bigint,bigint[],bigint[],boolean,integer,bigint,text,text)": _INTERNAL,
+    "function job_lifecycle_problem(text,timestamp with time zone,interval,interval,"
+    "text)": _INTERNAL,
+    "function job_replace(bigint,text,text,jsonb,text,smallint,timestamp with time zone,text,"
+    "integer,text,text,timestamp with time zone,text)": _INTERNAL,
+    "function job_wait_for(bigint[],bigint[])": _INTERNAL,
     "function job_end_reason(text,integer,integer,integer,integer,boolean)": _FINISHERS,
     "function partitions_ensure(integer)": _LEADER,
     "function partition_drop(text,text)": _LEADER,

@@ -39,7 +39,8 @@ def test_every_exported_name_resolves() -> None:
     homes = {"Client": client, "SyncClient": client, "JobSpec": client, "JobInfo": client,
              "DuplicateJob": errors, "EnqueueError": errors, "PgjobdError": errors,
              "QueueFull": errors, "job": handler_api, "JobContext": handler_api,
-             "Retry": handler_api, "Snooze": handler_api, "Discard": handler_api}  # fmt: skip
+             "Retry": handler_api, "Snooze": handler_api, "Discard": handler_api,
+             "Batch": client, "BatchCounts": handler_api}  # fmt: skip
     assert set(pgjobd.__all__) == {*homes, "__version__"}
     for name, module in homes.items():
         assert getattr(pgjobd, name) is getattr(module, name)

@@ -35,6 +35,8 @@ from pgjobd.protocol import (
     Message,
     ProtocolError,
     Ready,
+    Results,
+    ResultsWanted,
     Run,
     Stop,
     ToChild,
@@ -59,6 +61,8 @@ claimed_jobs = st.builds(
     ClaimedJob, id=int64, fence=int64, kind=text, queue=text, attempt=int32,
     max_attempts=int32, crashes=int32, priority=int32, tenant=st.none() | text,
     enqueued_at=moments, scheduled_at=moments, args=st.binary(max_size=200),
+    depends_on=st.lists(int64, max_size=5).map(tuple), after=st.lists(int64, max_size=5).map(tuple),
+    after_failed=int32,
 )  # fmt: skip
 kind_infos = st.builds(
     KindInfo, kind=text, queue=st.none() | text, priority=st.none() | int32,
@@ -73,6 +77,13 @@ to_child: st.SearchStrategy[Message] = st.one_of(
     st.builds(Run, job=claimed_jobs, timeout_s=floats),
     st.builds(Cancel, job_id=int64, fence=int64),
     st.builds(Stop),
+    st.builds(
+        Results,
+        job_id=int64,
+        fence=int64,
+        results=st.none() | st.binary(max_size=200),
+        error=st.none() | text,
+    ),
 )
 to_parent: st.SearchStrategy[Message] = st.one_of(
     st.builds(Ready, pid=int32, kinds=st.lists(kind_infos, max_size=4)),
@@ -88,7 +99,9 @@ to_parent: st.SearchStrategy[Message] = st.one_of(
         error_message=st.none() | text,
         traceback=st.none() | text,
         after_s=st.none() | floats,
+        fingerprint=st.none() | text,
     ),
+    st.builds(ResultsWanted, job_id=int64, fence=int64),
 )
 
 
@@ -173,8 +186,8 @@ def test_every_message_type_is_covered_by_the_strategies() -> None:
     def types(union: Any) -> set[type]:
         return set(getattr(union, "__args__", (union,)))
 
-    assert types(ToChild) == {Run, Cancel, Stop}
-    assert types(ToParent) == {Ready, BootFailed, Done}
+    assert types(ToChild) == {Run, Cancel, Stop, Results}
+    assert types(ToParent) == {Ready, BootFailed, Done, ResultsWanted}
     assert set(Message.__subclasses__()) == types(ToChild) | types(ToParent)
 
 

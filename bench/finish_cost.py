@@ -1,0 +1,96 @@
+"""What the lifecycle costs a completion that has no dependants: job_complete_many
+(batches of 50) with job_finish as the lifecycle migration defines it (history, then
+job_settle: the job_final announcement and the dependency edges' look-up) beside
+job_finish as 0006 defined it (history only), interleaved in one run on one schema.
+
+Creates schema ``bench_finish`` (migrated fresh) and drops it at the end.
+
+    /work/venv/bin/python bench/finish_cost.py [--jobs 20000] [--reps 3] [--dsn DSN]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+from datetime import timedelta
+
+import asyncpg
+
+from pgjobd.client import Client
+from pgjobd.migrate import available, migrate
+from pgjobd.queries import for_schema
+from pgjobd.sql_text import render
+from pgjobd.statements.job import CompleteRow
+
+SCHEMA = "bench_finish"
+BATCH = 50
+
+
+def finish_of(version: int) -> str:
+    """The CREATE FUNCTION job_finish of migration `version`, as CREATE OR REPLACE."""
+    text = next(m.sql for m in available() if m.version == version)
+    start = text.index("CREATE FUNCTION {{schema}}.job_finish(")
+    end = text.index("$$;", text.index("AS $$", start)) + 3
+    return render("CREATE OR REPLACE" + text[start + len("CREATE") : end], SCHEMA)
+
+
+async def drain(conn: asyncpg.Connection, client: Client, n: int) -> float:
+    q = for_schema(SCHEMA)
+    await conn.execute(f"TRUNCATE {SCHEMA}.job, {SCHEMA}.job_history")
+    for start in range(0, n, 10_000):
+        await client.enqueue_many([("k", {"i": i}) for i in range(start, min(n, start + 10_000))])
+    await conn.execute(f"ANALYZE {SCHEMA}.job")
+    started = time.perf_counter()
+    while claimed := await q.job_claim(conn, "default", BATCH, "bench", timedelta(minutes=5)):
+        await q.job_complete_many(conn, [CompleteRow(j.id, j.fence, None, True) for j in claimed])
+    return n / (time.perf_counter() - started)
+
+
+async def main(args: argparse.Namespace) -> None:
+    conn = await asyncpg.connect(args.dsn)
+    await conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    await migrate(conn, SCHEMA)
+    lifecycle = next(m.version for m in available() if m.name == "lifecycle")
+    old, new = finish_of(6), finish_of(lifecycle)
+    # 0006's body reads no `keep` argument: give it 0007's signature, ignoring it.
+    old = old.replace(
+        "results     jsonb[] DEFAULT NULL\n)",
+        "results     jsonb[] DEFAULT NULL,\n    keep boolean[] DEFAULT NULL\n)",
+    )
+    pool = await asyncpg.create_pool(args.dsn, min_size=1, max_size=2)
+    client = Client(pool, schema=SCHEMA)
+    rates: dict[str, list[float]] = {"0006": [], "0007": []}
+    try:
+        for rep in range(args.reps):
+            for name, body in (("0006", old), ("0007", new))[:: 1 if rep % 2 == 0 else -1]:
+                await conn.execute(body)
+                rates[name].append(await drain(conn, client, args.jobs))
+                print(
+                    f"rep {rep + 1} job_finish of {name}: {rates[name][-1]:,.0f} jobs/s", flush=True
+                )
+    finally:
+        await pool.close()
+        await conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        await conn.close()
+    ratios = [a / b for a, b in zip(rates["0007"], rates["0006"], strict=True)]
+    print(
+        f"claim + complete_many ({BATCH}/batch), {args.jobs:,} jobs x {args.reps}: "
+        f"0007/0006 median {statistics.median(ratios):.2f} "
+        f"(each: {', '.join(f'{r:.2f}' for r in ratios)})"
+    )
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--dsn", default=os.environ.get(
+        "PGJOBD_DSN", "postgresql://root@127.0.0.1:5432/test"))  # fmt: skip
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))
