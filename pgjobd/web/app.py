@@ -636,13 +636,15 @@ async def api_cron(console: Console, request: Request) -> Response:
 
 
 async def api_dead(console: Console, request: Request) -> Response:
+    """`dlq list --json`: the dead jobs, and their groups by error fingerprint."""
     params = request.query_params
+    kind, queue = params.get("kind") or None, params.get("queue") or None
     jobs = await admin.list_dead(
-        console.db, console.schema, kind=params.get("kind") or None,
-        queue=params.get("queue") or None,
+        console.db, console.schema, kind=kind, queue=queue,
         limit=_int_param(request, "limit", admin.DEFAULT_LIMIT, 1, MAX_LIMIT),
     )  # fmt: skip
-    return _json_response({"jobs": jobs})
+    groups = await admin.group_dead(console.db, console.schema, kind=kind, queue=queue)
+    return _json_response({"groups": groups, "jobs": jobs})
 
 
 async def api_dead_groups(console: Console, request: Request) -> Response:
