@@ -30,7 +30,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pgjobd import admin, cron_schedule, migrate
-from pgjobd.client import Client
+from pgjobd.client import Client, JobInfo
+from pgjobd.redact import redact_args
 from pgjobd.web import charts, reads
 from pgjobd.web.auth import SESSION_COOKIE, SESSION_S, Guard, Session
 
@@ -365,7 +366,7 @@ async def jobs_page(console: Console, request: Request) -> Response:
 
 async def job_page(console: Console, request: Request) -> Response:
     job_id: int = request.path_params["job_id"]
-    info = await console.client.job(job_id)
+    info = await _job(console, job_id)
     if info is None:
         return _render(
             console, request, "error.html", status_code=404, full=True, status=404,
@@ -373,6 +374,15 @@ async def job_page(console: Console, request: Request) -> Response:
         )  # fmt: skip
     attempts = await reads.job_attempts(console.db, console.schema, job_id)
     return _render(console, request, "job.html", job=info, attempts=attempts)
+
+
+async def _job(console: Console, job_id: int) -> JobInfo | None:
+    """The job as `pgjobd jobs show` shows it: its handler's redact=[...] fields masked."""
+    info = await console.client.job(job_id)
+    if info is None:
+        return None
+    secret = await admin.redacted_fields(console.db, console.schema, info.kind)
+    return msgspec.structs.replace(info, args=redact_args(info.args, secret))
 
 
 async def members_page(console: Console, request: Request) -> Response:
@@ -625,7 +635,7 @@ async def api_jobs(console: Console, request: Request) -> Response:
 
 async def api_job(console: Console, request: Request) -> Response:
     job_id: int = request.path_params["job_id"]
-    info = await console.client.job(job_id)
+    info = await _job(console, job_id)
     if info is None:
         return _error(f"no such job: {job_id}", 404)
     return _json_response(info)

@@ -186,6 +186,11 @@ async def test_every_page_renders_on_a_desktop_and_a_phone(
         await finish(conn, schema, await enqueue(conn, schema, queue=QUEUE), "discarded", error)
     await _charts_data(conn, schema)
     await _cron_rows(conn, schema)
+    await conn.execute(
+        f"INSERT INTO {schema}.queue (name, global_concurrency, rate_limit, rate_window) "
+        "VALUES ($1, 8, 600, interval '1 minute')",
+        QUEUE,
+    )
     await start_member()
     await wait_until(
         lambda: _has_leader(conn, schema), timeout_s=60, what="a leader for the members page"
@@ -205,6 +210,7 @@ async def test_every_page_renders_on_a_desktop_and_a_phone(
 
     await page.goto(console.url + "/")
     assert await page.locator(f"tr[data-queue={QUEUE}] td").nth(4).inner_text() == "1"
+    assert "1/8 running" in await page.locator(f"tr[data-queue={QUEUE}]").inner_text()
     assert await page.locator("svg.chart polyline").count() == 5
     await page.goto(console.url + "/members")
     assert "term" in await page.locator("section.leader").inner_text()

@@ -447,3 +447,19 @@ async def test_the_overview_shows_a_queues_limits(
     assert "1/4 running" in row and "depth ≤ 5000" in row
     limited = (await client.get("/api/status")).json()["queues"]["default"]["limited"]
     assert limited["global_concurrency"] == 4 and limited["rate_limit"] in row
+
+
+async def test_a_kinds_secret_fields_are_masked_as_the_cli_masks_them(
+    console: Console, conn: asyncpg.Connection, schema: str, dsn: str
+) -> None:
+    await conn.execute(
+        f"INSERT INTO {schema}.kind (name, queue, redact) VALUES ('login', 'default', "
+        "ARRAY['password'])"
+    )
+    job_id = await enqueue(conn, schema, kind="login", args='{"user": "ada", "password": "s3"}')
+    client = await console()
+    api = (await client.get(f"/api/jobs/{job_id}")).json()
+    assert api == await cli_json(dsn, schema, "jobs", "show", str(job_id))
+    assert api["args"]["user"] == "ada" and api["args"]["password"] != "s3"
+    page = (await client.get(f"/jobs/{job_id}")).text
+    assert "ada" in page and "s3" not in page
