@@ -153,3 +153,39 @@ async def test_the_cli_on_a_pooled_config_migrates_directly_and_enqueues_through
     finally:
         await conn.execute(f"DROP SCHEMA IF EXISTS {schema_name} CASCADE")
     assert len(set(ids)) == 3
+
+
+async def test_through_a_session_mode_pgbouncer_the_settings_are_set_once_connected(
+    dsn: str, schema: str
+) -> None:
+    with PgBouncer.start(dsn, pool_mode="session") as bouncer:
+        config = Config(
+            database=DatabaseConfig(
+                schema=schema, pooler="session", statement_timeout=Duration(seconds=7)
+            ),
+            dsn=bouncer.dsn(),
+        )
+        pool = await db.create_pool(config, max_size=2)
+        try:
+            async with db.acquire(pool) as pooled:
+                assert await pooled.fetchval("SHOW statement_timeout") == "7s"
+                assert await pooled.fetchval("SHOW application_name") == "pgjobd"
+        finally:
+            await pool.close()
+        client = await Client.connect(
+            bouncer.dsn(), schema=schema, pooler="session", tenant="acme",
+            statement_timeout="9s",
+        )  # fmt: skip
+        try:
+            async with client.pool.acquire() as conn:
+                assert await conn.fetchval("SHOW statement_timeout") == "9s"
+                assert await conn.fetchval("SELECT current_setting('pgjobd.tenant')") == "acme"
+        finally:
+            await client.close()
+
+
+async def test_a_tenant_client_through_a_transaction_pooler_is_refused() -> None:
+    with pytest.raises(ValueError, match="session setting, which a transaction pooler"):
+        await Client.connect(
+            "postgresql://nobody@127.0.0.1:1/none", pooler="transaction", tenant="acme"
+        )
