@@ -20,8 +20,12 @@ SMOKE_JOBS, SMOKE_DURATION = 300, 12.0
 async def run_one(scenario: Scenario, options: Options) -> bool:
     run = Run(options)
     run.extra_queues = scenario.queues
+    run.daemon_overrides.update(scenario.daemon)
     clean = False
     try:
+        if scenario.netns:
+            run.use_netns()
+        run.wants_replica = scenario.replica
         await run.setup()
         log(
             f"{scenario.name}: {scenario.about}; {options.jobs} jobs, {options.members} "
@@ -79,12 +83,12 @@ async def run_one(scenario: Scenario, options: Options) -> bool:
             f"violations={len(violations)}",
             flush=True,
         )
-        for note in verdict.notes:
+        for note in [*run.notes, *verdict.notes]:
             log(f"note: {note}")
         for violation in violations:
             log(f"VIOLATION: {violation}")
         (run.evidence / "verdict.txt").write_text(
-            "\n".join(["violations:", *violations, "notes:", *verdict.notes]) + "\n"
+            "\n".join(["violations:", *violations, "notes:", *run.notes, *verdict.notes]) + "\n"
         )
         clean = not violations
         return clean

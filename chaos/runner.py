@@ -13,6 +13,7 @@ import csv
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -30,6 +31,8 @@ from pgjobd import migrate
 from pgjobd.embedded import KILL_SAFE_SETTINGS, Cluster, free_port
 from pgjobd.leader import unsigned
 from pgjobd.lock_keys import LEADER, lock_key
+
+from .netns import Netns
 
 SCHEMA = "pgjobd"
 DATABASE = "chaos"
@@ -157,6 +160,14 @@ class Run:
         self.extra_queues = ""
         self.daemon_overrides: dict[str, str] = {}
         self.member_kills: list[tuple[int, float]] = []  # (member pid, wall time)
+        # The member in slot 0 in a network namespace of its own (use_netns).
+        self.netns: Netns | None = None
+        # A streaming replica of the cluster (use_replica), and the DSN naming both.
+        self.replica: Cluster | None = None
+        self.wants_replica = False
+        self.multi_host_dsn: str | None = None
+        # /readyz answers: (t, member pid, phase, HTTP status or None, body)
+        self.readiness: list[tuple[float, int, str, int | None, str]] = []
 
     # ------------------------------------------------------------------ plumbing
 
@@ -165,7 +176,9 @@ class Run:
 
     @property
     def dsn(self) -> str:
-        return self.cluster.dsn(DATABASE)
+        """The database; with a replica, both hosts, read-write wanted (whichever is
+        primary)."""
+        return self.multi_host_dsn or self.cluster.dsn(DATABASE)
 
     async def connect(self, timeout: float = 5.0) -> asyncpg.Connection:  # noqa: ASYNC109
         return await asyncpg.connect(
@@ -212,8 +225,23 @@ class Run:
 
     # ------------------------------------------------------------------ setup
 
+    def use_netns(self) -> None:
+        """Put slot 0's member in a network namespace of its own, linked to the host by
+        a veth pair the server also listens on."""
+        self.netns = Netns.create(os.getpid())
+        self.cluster.settings["listen_addresses"] = f"127.0.0.1,{self.netns.host_ip}"
+
+    def member_dsn(self, slot: int) -> str:
+        if self.netns is None or slot != 0:
+            return self.dsn
+        return self.dsn.replace("@127.0.0.1:", f"@{self.netns.host_ip}:")
+
     async def setup(self) -> None:
         log(f"evidence folder: {self.evidence}")
+        if self.netns is not None:
+            await asyncio.to_thread(self.cluster.init)
+            with (self.cluster.data_dir / "pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {self.netns.subnet} trust\n")
         await asyncio.to_thread(self.cluster.start)
         await self.cluster.ensure_database(DATABASE)
         conn = await self.connect()
@@ -222,20 +250,61 @@ class Run:
             await conn.execute(LEDGER_DDL)
         finally:
             await conn.close()
+        if self.wants_replica:
+            await self._start_replica()
         self.write_config()
         for slot in range(self.options.members):
             self.start_member(slot)
         await self.wait_members_ready()
         self.t0 = time.monotonic()  # the fault window starts now
 
+    async def _start_replica(self) -> None:
+        """A streaming replica of the cluster (pg_basebackup -R), then synchronous
+        replication on: a commit is acknowledged once the replica has it."""
+        data = self.work / "replica"
+        await asyncio.to_thread(
+            subprocess.run,
+            [str(self.cluster.binaries.program("pg_basebackup")), "-D", str(data), "-R",
+             "-X", "stream", "--checkpoint=fast", "-h", "127.0.0.1",
+             "-p", str(self.cluster.port), "-U", "postgres"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        data.chmod(0o700)
+        # A standby needs at least the primary's max_connections (and the like).
+        self.replica = Cluster(data, port=free_port(), binaries=self.cluster.binaries,
+                               settings=self.cluster.settings)  # fmt: skip
+        await asyncio.to_thread(self.replica.start)
+        conn = await asyncpg.connect(self.cluster.dsn(DATABASE))
+        try:
+            await conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            await conn.execute("SELECT pg_reload_conf()")
+            deadline = time.monotonic() + 60
+            while not await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'"
+            ):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the replica did not become a synchronous standby")
+                await asyncio.sleep(0.1)
+        finally:
+            await conn.close()
+        self.multi_host_dsn = (
+            f"postgresql://postgres@127.0.0.1:{self.cluster.port},127.0.0.1:{self.replica.port}"
+            f"/{DATABASE}?target_session_attrs=read-write"
+        )
+        log(f"replica on port {self.replica.port}, synchronous; DSN {self.multi_host_dsn}")
+
     def start_member(self, slot: int) -> Member:
         generation = sum(1 for m in self.members if m.index == slot)
         log_path = self.evidence / f"member{slot}-{generation}.log"
-        env = {**os.environ, "PGJOBD_DSN": self.dsn, "CHAOS_LEDGER_DSN": self.dsn}
+        dsn = self.member_dsn(slot)
+        env = {**os.environ, "PGJOBD_DSN": dsn, "CHAOS_LEDGER_DSN": dsn}
         env.pop("DATABASE_URL", None)
+        command = [sys.executable, "-m", "pgjobd", "run", "--config", str(self.config_path)]
+        if self.netns is not None and slot == 0:
+            command = self.netns.command(command)  # `ip netns exec` execs: same pid
         with log_path.open("wb") as log_file:
             process = subprocess.Popen(
-                [sys.executable, "-m", "pgjobd", "run", "--config", str(self.config_path)],
+                command,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -421,6 +490,11 @@ class Run:
         with contextlib.suppress(ProcessLookupError):
             os.kill(member.pid, sig)
 
+    def metrics_port(self, member: Member) -> int | None:
+        """The port a member (with metrics_listen on port 0) said it serves on."""
+        found = re.search(rb"/readyz on [^:\s]+:(\d+)", member.log_path.read_bytes())
+        return int(found[1]) if found else None
+
     def worker_pids(self, member: Member) -> list[int]:
         found = []
         for proc in Path("/proc").iterdir():
@@ -537,6 +611,13 @@ class Run:
                 m.process.wait()
         with contextlib.suppress(Exception):
             self.cluster.stop("immediate")
+        if self.replica is not None:
+            with contextlib.suppress(Exception):
+                shutil.copy(self.replica.log_path, self.evidence / "postgresql-replica.log")
+            with contextlib.suppress(Exception):
+                self.replica.stop("immediate")
+        if self.netns is not None:
+            self.netns.destroy()
         shutil.rmtree(self.work, ignore_errors=True)
         if not keep:
             shutil.rmtree(self.evidence, ignore_errors=True)

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import os
 import random
+import re
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .runner import CONNECTION_ERRORS, SCHEMA, Member, Mix, Run, log
+import asyncpg
+
+from .runner import CONNECTION_ERRORS, LEASE_S, SCHEMA, FaultRecord, Member, Mix, Run, log
 
 
 def plain_mix(rng: random.Random, n: int) -> tuple[str, dict[str, Any]]:
@@ -40,6 +44,13 @@ def nasty_mix(rng: random.Random, n: int) -> tuple[str, dict[str, Any]]:
 def quick_mix(rng: random.Random, n: int) -> tuple[str, dict[str, Any]]:
     """Short jobs: members claim all the time, so a signal is likely to land mid-claim."""
     return "chaos_work", {"ms": rng.randint(1, 30)}
+
+
+def long_mix(rng: random.Random, n: int) -> tuple[str, dict[str, Any]]:
+    """A fifth of the jobs run 1-2.5 s: a member always holds some when a fault lands."""
+    if rng.random() < 0.2:
+        return "chaos_work", {"ms": rng.randint(1000, 2500)}
+    return plain_mix(rng, n)
 
 
 def swap_mix(rng: random.Random, n: int) -> tuple[str, dict[str, Any]]:
@@ -90,6 +101,12 @@ class Scenario:
     about: str
     faults: Callable[[Run], Awaitable[None]]
     mix: Mix = plain_mix
+    # [daemon] settings of this scenario's members (TOML values), over the runner's.
+    daemon: Mapping[str, str] = field(default_factory=dict)
+    # Slot 0's member runs in a network namespace of its own (chaos/netns.py).
+    netns: bool = False
+    # A synchronous streaming replica, and members on a multi-host DSN (read-write).
+    replica: bool = False
     expected_dead: frozenset[str] = field(default_factory=frozenset)
     # Failed-attempt outcomes this scenario's faults may charge to an attempt that no
     # handler started (see invariant 8); none for faults a member must absorb cleanly.
@@ -162,16 +179,7 @@ async def deploy(run: Run) -> None:
             if member is None or not member.alive:
                 continue
 
-            async def inject(m: Member = member) -> None:
-                m.stopped_by_us = True
-                m.process.send_signal(signal.SIGTERM)
-
-            await run.fault("sigterm-member", f"member{slot} pid {member.pid}", inject)
-            code = await asyncio.to_thread(member.process.wait)
-            if code != 0:
-                run.violations.append(f"member {member.log_path.name} exited {code} on SIGTERM")
-            run.start_member(slot)
-            await run.wait_members_ready()
+            await _stop_and_restart(run, member, "sigterm-member")
             if run.elapsed() >= run.options.duration:
                 return
 
@@ -338,6 +346,388 @@ async def long_transaction(run: Run) -> None:
         await conn.close()
 
 
+# ----------------------------------------------------- connection exhaustion (issue 18)
+
+READY_OK_HEARTBEAT_S = 25.0  # /readyz's 20 s without a round trip + a 5 s heartbeat
+RECOVERY_LIMIT_S = 30.0
+
+
+async def _readyz(port: int) -> tuple[int | None, str]:
+    """(HTTP status, body) of a member's /readyz; (None, why) if it did not answer in 2 s."""
+    try:
+        async with asyncio.timeout(2):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /readyz HTTP/1.1\r\nHost: member\r\n\r\n")
+            await writer.drain()
+            answer = await reader.read()
+            writer.close()
+    except (OSError, TimeoutError) as e:
+        return None, repr(e)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode(errors="replace").strip()
+
+
+class _Progress:
+    """Completions over time, read on a connection held through the fault."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+        self.samples: list[tuple[float, int, int]] = []  # (t, finished, available)
+
+    async def sample(self, run: Run) -> None:
+        row = await self.conn.fetchrow(
+            f"SELECT (SELECT count(*) FROM {SCHEMA}.job_history) AS done, "
+            f"(SELECT count(*) FROM {SCHEMA}.job WHERE state = 'available') AS waiting"
+        )
+        self.samples.append((run.elapsed(), row["done"], row["waiting"]))
+
+    def waiting(self, since: float, until: float) -> bool:
+        """Whether jobs were waiting to be claimed at some point in the interval."""
+        return any(s[2] for s in self.samples if since <= s[0] <= until)
+
+    def rate(self, since: float, until: float) -> float:
+        inside = [s for s in self.samples if since <= s[0] <= until]
+        if len(inside) < 2 or inside[-1][0] == inside[0][0]:
+            return 0.0
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+
+
+async def _check_readiness(run: Run, conn: asyncpg.Connection, phase: str) -> None:
+    """Every live member's /readyz answers, and says 200 only while its heartbeats reach
+    the database; a 503 names why."""
+    ages = {
+        r["pid"]: r["age"]
+        for r in await conn.fetch(
+            f"SELECT pid, extract(epoch FROM now() - heartbeat_at)::float8 AS age "
+            f"FROM {SCHEMA}.member"
+        )
+    }
+    for member in run.live_members():
+        port = run.metrics_port(member)
+        if port is None:
+            continue
+        status, body = await _readyz(port)
+        run.readiness.append((run.elapsed(), member.pid, phase, status, body))
+        if status is None:
+            run.violations.append(f"{phase}: /readyz of pid {member.pid} did not answer: {body}")
+        elif status == 200 and ages.get(member.pid, float("inf")) > READY_OK_HEARTBEAT_S:
+            run.violations.append(
+                f"{phase}: pid {member.pid} said ready with no heartbeat for "
+                f"{ages.get(member.pid)} s"
+            )
+        elif status != 200 and not body:
+            run.violations.append(f"{phase}: pid {member.pid} not ready, and said not why")
+
+
+async def _hog_connections(run: Run, leave: int) -> list[asyncpg.Connection]:
+    """Connections of another client, opened until the server refuses one, less `leave`."""
+    hog: list[asyncpg.Connection] = []
+    while True:
+        try:
+            hog.append(await asyncpg.connect(run.dsn, timeout=5, server_settings={
+                "application_name": "chaos hog"}))  # fmt: skip
+        except (asyncpg.TooManyConnectionsError, asyncpg.CannotConnectNowError):
+            break
+        except asyncpg.PostgresError as e:
+            if "connection slots" not in str(e):
+                raise
+            break
+    for conn in hog[:leave]:
+        await conn.close()
+    return hog[leave:]
+
+
+async def exhaust_connections(run: Run) -> None:
+    """Another client takes all but 3 of max_connections for a while, then pgjobd's
+    backends are terminated at 2 per second. Members must keep running jobs (slower),
+    /readyz must tell the truth throughout, and the completion rate must be back to 90 %
+    of its baseline (or the backlog gone) within 30 s of the fault's end."""
+    # Both phases inside the enqueue window (60 % of the fault window), so there is work.
+    hold_s = kill_s = max(3.0, (run.options.duration * 0.6 - 3.0) / 2)
+    observer = await run.connect()
+    progress = _Progress(observer)
+    try:
+
+        async def sample_for(seconds: float, phase: str) -> None:
+            until = run.elapsed() + seconds
+            while run.elapsed() < until:
+                await progress.sample(run)
+                await _check_readiness(run, observer, phase)
+                await asyncio.sleep(0.5)
+
+        await sample_for(3.0, "baseline")
+        baseline = progress.rate(0.0, run.elapsed())
+        hog: list[asyncpg.Connection] = []
+
+        async def take_slots() -> None:
+            hog.extend(await _hog_connections(run, leave=3))
+
+        await run.fault("exhaust-connections", "all but 3 slots held by another client",
+                        take_slots)  # fmt: skip
+        log(f"holding {len(hog)} connections for {hold_s:.0f}s")
+        hog_started = run.elapsed()
+        await sample_for(hold_s, "exhausted")
+        hog_rate = progress.rate(hog_started, run.elapsed())
+        for conn in hog:
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                await conn.close(timeout=2)
+
+        kill_started = run.elapsed()
+        killed = 0
+        while run.elapsed() < kill_started + kill_s:
+            rows = await observer.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'pgjobd%'"
+            )
+            pids = [r["pid"] for r in rows]
+            if pids:
+                victim = run.rng.choice(pids)
+                await observer.fetchval("SELECT pg_terminate_backend($1)", victim)
+                run.faults.append(FaultRecord(run.elapsed(), "terminate-backend",
+                                              f"pid {victim} (2/s)", {}))  # fmt: skip
+                killed += 1
+            await progress.sample(run)
+            await _check_readiness(run, observer, "terminating")
+            await asyncio.sleep(0.5)
+        kill_rate = progress.rate(kill_started, run.elapsed())
+
+        ended = run.elapsed()
+        recovered_s: float | None = None
+        while run.elapsed() < ended + RECOVERY_LIMIT_S + 5:
+            await progress.sample(run)
+            await _check_readiness(run, observer, "recovering")
+            now = run.elapsed()
+            caught_up = progress.samples[-1][2] == 0 and run.enqueue_done.is_set()
+            if caught_up or (now - ended >= 2 and progress.rate(now - 2, now) >= 0.9 * baseline):
+                recovered_s = now - ended
+                break
+            await asyncio.sleep(0.5)
+        summary = (
+            f"baseline {baseline:.0f} jobs/s; {hog_rate:.0f} jobs/s with {len(hog)} "
+            f"connections held; {kill_rate:.0f} jobs/s while {killed} backends were "
+            f"terminated; back to >= 90 % (or caught up) "
+            + (f"{recovered_s:.1f} s after the fault" if recovered_s is not None else "never")
+        )
+        answers: dict[str, dict[str, int]] = {}
+        for _, _, phase, status, _ in run.readiness:
+            counts = answers.setdefault(phase, {})
+            counts[str(status)] = counts.get(str(status), 0) + 1
+        summary += f"; /readyz answers by phase: {answers}"
+        log(summary)
+        run.notes.append(summary)
+        if (hog_rate <= 0 and progress.waiting(hog_started, kill_started)) or (
+            kill_rate <= 0 and progress.waiting(kill_started, ended)
+        ):
+            run.violations.append(f"members stopped running jobs during the fault: {summary}")
+        if recovered_s is None or recovered_s > RECOVERY_LIMIT_S:
+            run.violations.append(f"no recovery within {RECOVERY_LIMIT_S:.0f}s: {summary}")
+        not_ready = [r for r in run.readiness if r[2] == "recovering" and r[0] > ended + 30]
+        if any(r[3] != 200 for r in not_ready):
+            run.violations.append("a member still not ready 30 s after the fault")
+    finally:
+        await observer.close()
+
+
+# ------------------------------------------------------- network partition (issue 18)
+
+REJOIN_LIMIT_S = 30.0
+
+
+async def _member_row(run: Run, member: Member) -> asyncpg.Record | None:
+    rows = await run.query(
+        f"SELECT id, heartbeat_at, now() AS now FROM {SCHEMA}.member WHERE pid = $1",
+        member.pid,
+    )
+    return rows[0] if rows else None
+
+
+async def _newest_term(run: Run) -> asyncpg.Record:
+    rows = await run.query(f"SELECT term, member FROM {SCHEMA}.leader ORDER BY term DESC LIMIT 1")
+    return rows[0]
+
+
+async def _make_slot0_lead(run: Run) -> bool:
+    """SIGTERM whoever else leads (it resigns: a candidate takes over at once) until the
+    namespaced member leads; a few tries. Whether it does."""
+    for _ in range(6):
+        leader = await run.leader_member(within_s=20)
+        if leader is None or leader.index == 0:
+            return leader is not None
+        await _stop_and_restart(run, leader, "sigterm-leader")
+    return False
+
+
+async def _stop_and_restart(run: Run, member: Member, action: str) -> None:
+    """SIGTERM: it must drain and exit 0; then its replacement joins."""
+
+    async def inject() -> None:
+        member.stopped_by_us = True
+        member.process.send_signal(signal.SIGTERM)
+
+    await run.fault(action, f"member{member.index} pid {member.pid}", inject)
+    code = await asyncio.to_thread(member.process.wait)
+    if code != 0:
+        run.violations.append(f"member {member.log_path.name} exited {code} on SIGTERM")
+    run.start_member(member.index)
+    await run.wait_members_ready()
+
+
+async def partition(run: Run) -> None:
+    """Slot 0's member, the leader if it can be made so, is cut off from the database
+    for longer than its lease (half the fault window, at least two leases), then the
+    link comes back. Its jobs must run elsewhere, its late outcomes be refused by the
+    fence, a new leader take over (once the server drops the old leader's session), and
+    it must rejoin without a restart."""
+    assert run.netns is not None
+    netns = run.netns
+    cut_s = max(2.0 * LEASE_S + 2.0, run.options.duration * 0.5)
+    was_leader = await _make_slot0_lead(run)
+    member = run.slots[0]
+    assert member is not None
+    row = await _member_row(run, member)
+    member_id = row["id"] if row else "?"
+    before = await _newest_term(run)
+    await asyncio.sleep(1.0)
+    rows = await run.query(
+        f"SELECT count(*) AS held FROM {SCHEMA}.job WHERE owner = $1 AND state = 'running'",
+        member_id,
+    )
+    held = rows[0]["held"]
+    detail = f"member0 pid {member.pid} (leader: {was_leader}) cut off for {cut_s:.0f}s"
+    await run.fault("partition", detail, _async(netns.cut))
+    cut_at = run.elapsed()
+    took_over_s: float | None = None
+    while run.elapsed() < cut_at + cut_s:
+        if was_leader and took_over_s is None:
+            newest = await _newest_term(run)
+            if newest["term"] > before["term"] and newest["member"] != member_id:
+                took_over_s = run.elapsed() - cut_at
+        await asyncio.sleep(0.5)
+    await run.fault("heal", f"member0 pid {member.pid} linked again", _async(netns.heal))
+    healed_at = run.elapsed()
+
+    rejoined_s: float | None = None
+    while run.elapsed() < healed_at + REJOIN_LIMIT_S:
+        again = await _member_row(run, member)
+        if again is not None and again["now"] - again["heartbeat_at"] < _seconds(
+            run.elapsed() - healed_at
+        ):
+            rejoined_s = run.elapsed() - healed_at
+            break
+        await asyncio.sleep(0.25)
+    if not member.alive:
+        run.violations.append("the partitioned member exited instead of rejoining")
+    if rejoined_s is None:
+        run.violations.append(f"the partitioned member did not rejoin within {REJOIN_LIMIT_S}s")
+    refused = len(re.findall(rb"outcomes whose lease was lost", member.log_path.read_bytes()))
+    summary = (
+        f"member0 was leader: {was_leader}, held {held} running job(s); cut {cut_s:.0f}s; "
+        + (f"new leader {took_over_s:.1f}s into the cut; " if took_over_s is not None else "")
+        + f"rejoined {rejoined_s if rejoined_s is None else round(rejoined_s, 1)}s after the "
+        f"heal; {refused} batch(es) of its late outcomes refused by the fence"
+    )
+    if was_leader and took_over_s is None and cut_s > 70:
+        run.violations.append(f"no new leader during the cut: {summary}")
+    log(summary)
+    run.notes.append(summary)
+    # After the heal: it works again (the enqueuer keeps feeding jobs until 60 % in).
+    await asyncio.sleep(max(0.0, run.options.duration - run.elapsed()))
+
+
+async def slow_link(run: Run) -> None:
+    """Slot 0's link to the database degraded (a 128 kbit/s token bucket with a 50 ms
+    queue on both ends: queueing delay and drops) for the middle of the fault window;
+    throughput may fall, correctness may not."""
+    assert run.netns is not None
+    netns = run.netns
+    member = run.slots[0]
+    assert member is not None
+    row = await _member_row(run, member)
+    member_id = row["id"] if row else "?"
+
+    async def finished_by_member0() -> int:
+        rows = await run.query(
+            f"SELECT count(*) AS n FROM {SCHEMA}.job_history WHERE owner = $1", member_id
+        )
+        return int(rows[0]["n"])
+
+    clear_s = run.options.duration * 0.2
+    slow_s = run.options.duration * 0.5
+    await asyncio.sleep(clear_s)
+    before = await finished_by_member0()
+    await run.fault("slow-link", "member0: 128kbit, 50ms queue", _async(netns.degrade))
+    await asyncio.sleep(slow_s)
+    during = await finished_by_member0() - before
+    await run.fault("link-restored", "member0", _async(netns.restore))
+    summary = (
+        f"member0 finished {before / clear_s:.0f} jobs/s on a clear link, "
+        f"{during / slow_s:.0f} jobs/s on the slow one"
+    )
+    log(summary)
+    run.notes.append(summary)
+    await asyncio.sleep(max(0.0, run.options.duration - run.elapsed()))
+
+
+FAILOVER_LIMIT_S = 30.0
+
+
+async def failover(run: Run) -> None:
+    """Under load, the primary is stopped (immediate: as if its host died) and the
+    synchronous replica promoted. Members, on a multi-host DSN that wants a read-write
+    host, must be completing jobs on the new primary within 30 s; the invariants then
+    show every enqueue acknowledged before the failover ended once."""
+    replica = run.replica
+    assert replica is not None
+    await asyncio.sleep(run.options.duration * 0.3)
+
+    stopped_at: list[float] = []
+
+    async def inject() -> None:
+        await asyncio.to_thread(run.cluster.stop, "immediate")
+        stopped_at.append(run.elapsed())
+        conn = await asyncpg.connect(replica.dsn("chaos"))
+        try:
+            await conn.fetchval("SELECT pg_promote(true, 30)")
+        finally:
+            await conn.close()
+
+    await run.fault("failover", f"primary stopped, replica on port {replica.port} promoted",
+                    inject)  # fmt: skip
+    promoted_at = run.elapsed()
+    # What the new primary holds right after the promotion: completions after it are
+    # the members' work on the new primary.
+    rows = await run.query(f"SELECT count(*) AS done FROM {SCHEMA}.job_history")
+    done_before = rows[0]["done"]
+    resumed_s: float | None = None
+    while run.elapsed() < promoted_at + FAILOVER_LIMIT_S + 10:
+        with contextlib.suppress(*CONNECTION_ERRORS):
+            rows = await run.query(f"SELECT count(*) AS done FROM {SCHEMA}.job_history", retry_s=2)
+            if rows[0]["done"] > done_before:
+                resumed_s = run.elapsed() - promoted_at
+                break
+        await asyncio.sleep(0.2)
+    summary = (
+        f"{done_before} jobs final at the promotion ({promoted_at - stopped_at[0]:.1f}s after "
+        "the primary stopped); members completing jobs on the new primary "
+        f"{resumed_s if resumed_s is None else round(resumed_s, 1)}s after the promotion"
+    )
+    log(summary)
+    run.notes.append(summary)
+    if resumed_s is None or resumed_s > FAILOVER_LIMIT_S:
+        run.violations.append(f"members not back within {FAILOVER_LIMIT_S:.0f}s: {summary}")
+    await asyncio.sleep(max(0.0, run.options.duration - run.elapsed()))
+
+
+def _async(action: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+    async def run_it() -> None:
+        await asyncio.to_thread(action)
+
+    return run_it
+
+
+def _seconds(s: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=s)
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
@@ -416,6 +806,40 @@ SCENARIOS: dict[str, Scenario] = {
             fan_in=True,
         ),
         Scenario(
+            "conn-exhaustion",
+            "another client holds all but 3 connection slots, then pgjobd backends are "
+            "terminated at 2/s",
+            exhaust_connections,
+            daemon={"metrics_listen": '"127.0.0.1:0"'},
+            # a claim whose commit reached the server but whose answer died with its backend
+            unstarted_ok=frozenset({"lease_expired"}),
+        ),
+        Scenario(
+            "partition",
+            "one member (the leader if possible) cut off from the database for longer "
+            "than its lease, then linked again",
+            partition,
+            mix=long_mix,
+            netns=True,
+            unstarted_ok=frozenset({"lease_expired"}),
+        ),
+        Scenario(
+            "slow-link",
+            "one member's link to the database slowed to 128 kbit/s with a short queue",
+            slow_link,
+            netns=True,
+            unstarted_ok=frozenset({"lease_expired"}),
+        ),
+        Scenario(
+            "failover",
+            "the primary stopped under load, its synchronous replica promoted; members on "
+            "a multi-host DSN (target_session_attrs=read-write)",
+            failover,
+            replica=True,
+            # claims whose commit the dying primary acknowledged to nobody
+            unstarted_ok=frozenset({"lease_expired"}),
+        ),
+        Scenario(
             "long-transaction",
             "a transaction holds the xmin horizon while jobs flow",
             long_transaction,
@@ -423,5 +847,6 @@ SCENARIOS: dict[str, Scenario] = {
     ]
 }
 
-# The CI smoke: short, seeded, three scenarios that cover process, fleet and server faults.
-SMOKE = ["kill-workers", "kill-leader", "pg-restart", "drain-during-claim"]
+# The CI smoke: short, seeded scenarios that cover process, fleet, server and network faults.
+SMOKE = ["kill-workers", "kill-leader", "pg-restart", "drain-during-claim", "conn-exhaustion",
+         "partition"]  # fmt: skip

@@ -142,10 +142,10 @@ def _run(coroutine: Callable[[], Coroutine[Any, Any, int]]) -> int:
 
 
 async def _connect(cfg: config.Config) -> asyncpg.Connection:
-    conn: asyncpg.Connection = await asyncpg.connect(
-        cfg.require_dsn(), **db.connect_options(cfg, "pgjobd cli")
-    )
-    return conn
+    """migrate's session: its advisory lock and DDL need one that lasts (through a
+    transaction pooler, database.leader_dsn), and its statements set their own
+    statement_timeout, which no client-side limit may cut short."""
+    return await db.connect(cfg, "pgjobd cli", session=True, bounded=False)
 
 
 async def _cli_pool(cfg: config.Config) -> asyncpg.Pool:

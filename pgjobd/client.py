@@ -22,7 +22,7 @@ import asyncpg
 import msgspec
 
 from pgjobd import admin, db, errors, migrate
-from pgjobd.config import MAX_ARGS_BYTES
+from pgjobd.config import MAX_ARGS_BYTES, Pooler
 from pgjobd.duration import to_timedelta
 from pgjobd.errors import DuplicateJob, EnqueueError, QueueFull
 from pgjobd.handler_api import (
@@ -195,21 +195,34 @@ class Client:
         tenant: str | None = None,
         statement_timeout: DurationLike = DEFAULT_STATEMENT_TIMEOUT,
         idle_in_transaction_timeout: DurationLike = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
+        pooler: Pooler = "none",
     ) -> Client:
         """A client with a pool of its own. Its sessions run with `statement_timeout` and
         `idle_in_transaction_timeout` (PostgreSQL's idle_in_transaction_session_timeout);
         with `tenant`, they set pgjobd.tenant: jobs enqueued without a tenant get this
         one, jobs of other tenants are refused, and under `migrate --rls` a producer or
-        readonly login reads only this tenant's jobs."""
+        readonly login reads only this tenant's jobs.
+
+        `pooler` says what `dsn` goes through ("none", or a PgBouncer-style pooler in
+        "session" or "transaction" mode): through a transaction pooler no statement is
+        cached as a prepared statement (another transaction's server connection would
+        not know it), statement_timeout is enforced by the client, and `tenant` (a
+        session setting such a pooler does not keep) is refused."""
         if tenant is not None and (problem := _text_problem("tenant", tenant, MAX_TENANT_BYTES)):
             raise ValueError(problem)
+        if tenant is not None and pooler == "transaction":
+            raise ValueError(
+                "tenant: pgjobd.tenant is a session setting, which a transaction pooler "
+                "does not keep from one transaction to the next; connect directly or "
+                "through a session-mode pool"
+            )
+        timeout = to_timedelta(statement_timeout)
         settings = db.session_settings(
-            to_timedelta(statement_timeout), to_timedelta(idle_in_transaction_timeout),
-            "pgjobd client", tenant,
-        )  # fmt: skip
+            timeout, to_timedelta(idle_in_transaction_timeout), "pgjobd client", tenant
+        )
         pool = await asyncpg.create_pool(
             dsn, min_size=min_size, max_size=max_size, reset=skip_session_reset,
-            server_settings=settings,
+            **db.settings_options(settings, pooler, timeout),
         )  # fmt: skip
         client = cls(pool, schema=schema, handlers=handlers)
         client._owns_pool = True
@@ -566,12 +579,15 @@ class SyncClient:
         schema: str = "pgjobd",
         handlers: Registry | None = None,
         tenant: str | None = None,
+        pooler: Pooler = "none",
     ) -> None:
         self._portal_cm = anyio.from_thread.start_blocking_portal("asyncio")
         self._portal = self._portal_cm.__enter__()
         try:
             self._client: Client = self._portal.call(
-                lambda: Client.connect(dsn, schema=schema, handlers=handlers, tenant=tenant)
+                lambda: Client.connect(
+                    dsn, schema=schema, handlers=handlers, tenant=tenant, pooler=pooler
+                )
             )
         except BaseException:
             self._portal_cm.__exit__(None, None, None)

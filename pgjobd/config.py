@@ -47,6 +47,9 @@ CRON_ALIASES = frozenset(
 )
 
 LogFormat = Literal["json", "text"]
+# What sits between the pool's connections and PostgreSQL: "none" (a direct connection),
+# or a PgBouncer-style pooler in "session" or "transaction" pool mode.
+Pooler = Literal["none", "session", "transaction"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
 
@@ -67,6 +70,8 @@ class DatabaseConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     # A direct session for the leader's advisory lock when `dsn` goes through a
     # transaction-pooling proxy (PgBouncer), where session locks do not hold.
     leader_dsn: NonEmptyStr | None = None
+    # What `dsn` goes through (docs/operations.md, "PgBouncer and other poolers").
+    pooler: Pooler = "none"
     schema: str = "pgjobd"
     pool_min: Annotated[int, msgspec.Meta(ge=0, le=1_000)] = 2
     pool_max: Annotated[int, msgspec.Meta(ge=1, le=1_000)] = 10
@@ -86,6 +91,13 @@ class DatabaseConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
             )
         if self.connect_timeout <= Duration(0):
             raise FieldProblem("connect_timeout", 'must be more than "0s"')
+        if self.pooler == "transaction" and self.leader_dsn is None:
+            raise FieldProblem(
+                "leader_dsn",
+                'required with pooler = "transaction": the leader\'s advisory lock and the '
+                "LISTEN session need a session that lasts, so point leader_dsn straight at "
+                "PostgreSQL (or at a session-mode pool)",
+            )
 
 
 class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -5,15 +5,21 @@ and unlocks advisory locks."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
+import anyio
 import asyncpg
 
-from pgjobd.config import Config
+from pgjobd.config import Config, Pooler
 
+# How long a connection whose statement timed out waits for its cancel to be confirmed.
+CANCEL_WAIT_S = 5.0
+# How much longer than statement_timeout the client waits for a statement's answer.
+COMMAND_TIMEOUT_GRACE_S = 5.0
 ResetHook = Callable[[asyncpg.Connection], Awaitable[None]]
 
 
@@ -47,7 +53,11 @@ def _ms(duration: timedelta) -> int:
 
 
 def server_settings(config: Config, application_name: str = "pgjobd") -> dict[str, str]:
-    """`session_settings` from the [database] table."""
+    """`session_settings` from the [database] table. (A stock PgBouncer passes on only
+    application_name, client_encoding, DateStyle, TimeZone and
+    standard_conforming_strings at startup, and refuses a connection that sends any
+    other parameter unless its operator lists it in ignore_startup_parameters: see
+    `settings_options`.)"""
     database = config.database
     return session_settings(
         database.statement_timeout, database.idle_in_transaction_session_timeout,
@@ -55,12 +65,99 @@ def server_settings(config: Config, application_name: str = "pgjobd") -> dict[st
     )  # fmt: skip
 
 
-def connect_options(config: Config, application_name: str = "pgjobd") -> dict[str, Any]:
-    """asyncpg.connect / create_pool options: the connect timeout and session settings."""
+class _Route(NamedTuple):
+    """How one connection reaches PostgreSQL: its DSN and what sits in between."""
+
+    dsn: str
+    pooler: Pooler
+
+
+def _pool_route(config: Config) -> _Route:
+    return _Route(config.require_dsn(), config.database.pooler)
+
+
+def _session_route(config: Config) -> _Route:
+    """database.leader_dsn is a direct connection (or a session-mode pool, which behaves
+    as one for what a session needs); without it, the pool's DSN and its pooler."""
+    if config.database.leader_dsn is not None:
+        return _Route(config.database.leader_dsn, "none")
+    return _pool_route(config)
+
+
+def statement_cache_options(pooler: Pooler) -> dict[str, Any]:
+    """asyncpg options for connections through `pooler`. Through a transaction pooler a
+    client's consecutive transactions run on different server connections, so a
+    statement prepared in one is unknown in the next (PgBouncer < 1.21 does not track
+    them): asyncpg then prepares each statement unnamed, with no cache."""
+    return {"statement_cache_size": 0} if pooler == "transaction" else {}
+
+
+def command_timeout(statement_timeout: timedelta, pooler: Pooler) -> dict[str, Any]:
+    """asyncpg's client-side bound on a statement's answer, for statement_timeout."""
+    timeout_s = statement_timeout.total_seconds()
+    if timeout_s <= 0:
+        return {}
+    if pooler == "transaction":
+        # statement_timeout cannot be set on a server connection that other clients
+        # share: asyncpg cancels a statement that runs longer (PgBouncer forwards the
+        # cancel request to the server connection running it).
+        return {"command_timeout": timeout_s}
+    # A backstop for the server's statement_timeout: a statement sent into a network
+    # partition gets no answer, and TCP may retransmit for many minutes before giving
+    # up; past this the connection is dropped for a fresh one.
+    return {"command_timeout": timeout_s + COMMAND_TIMEOUT_GRACE_S}
+
+
+def settings_options(
+    settings: Mapping[str, str],
+    pooler: Pooler,
+    statement_timeout: timedelta,
+    *,
+    bounded: bool = True,
+) -> dict[str, Any]:
+    """asyncpg.connect / create_pool options that give each connection `settings`
+    (from `session_settings`) through `pooler`: as startup parameters directly; through
+    a pooler only the name at startup, the rest SET once connected in session mode
+    (the options then hold an `init`), and in transaction mode none (a SET would stay on
+    a server connection other clients share: statement_timeout becomes the client's
+    bound). `bounded`: with the client-side bound on a statement's answer."""
+    if pooler == "none":
+        options: dict[str, Any] = {"server_settings": dict(settings)}
+    else:
+        name = settings.get("application_name", "pgjobd")
+        options = {"server_settings": {"application_name": name}}
+        options.update(statement_cache_options(pooler))
+        if pooler == "session":
+            rest = {k: v for k, v in settings.items() if k != "application_name"}
+            options["init"] = functools.partial(_set_settings, settings=rest)
+    if bounded:
+        options.update(command_timeout(statement_timeout, pooler))
+    return options
+
+
+async def _set_settings(conn: asyncpg.Connection, settings: Mapping[str, str]) -> None:
+    for name, value in settings.items():
+        await conn.execute("SELECT set_config($1, $2, false)", name, value)
+
+
+def _route_options(
+    config: Config, route: _Route, application_name: str, *, bounded: bool = True
+) -> dict[str, Any]:
     return {
         "timeout": config.database.connect_timeout.total_seconds(),
-        "server_settings": server_settings(config, application_name),
-    }
+        **settings_options(
+            server_settings(config, application_name), route.pooler,
+            config.database.statement_timeout, bounded=bounded,
+        ),
+    }  # fmt: skip
+
+
+def connect_options(config: Config, application_name: str = "pgjobd") -> dict[str, Any]:
+    """asyncpg.connect / create_pool options for the DSN and its pooler: the connect
+    timeout, the session settings (or what a pooler takes of them), the statement cache
+    and the client-side bound. Through a session-mode pool they hold an `init` to run
+    on each new connection (create_pool and connect_session do)."""
+    return _route_options(config, _pool_route(config), application_name)
 
 
 async def create_pool(
@@ -81,14 +178,29 @@ async def create_pool(
     return pool
 
 
-async def connect_session(
-    config: Config, application_name: str, dsn: str | None = None
+async def connect(
+    config: Config, application_name: str, *, session: bool, bounded: bool = True
 ) -> asyncpg.Connection:
-    """A dedicated session, not from any pool, named e.g. "pgjobd listener"."""
-    conn: asyncpg.Connection = await asyncpg.connect(
-        dsn or config.require_dsn(), **connect_options(config, application_name)
-    )
+    """One connection, not from any pool, named e.g. "pgjobd listener": with `session`
+    on database.leader_dsn when set (the leader's lock, LISTEN, migrate, DDL with session
+    state), else on the DSN and its pooler. Not `bounded`: no client-side limit on a
+    statement's answer (migrate's, which set their own statement_timeout)."""
+    route = _session_route(config) if session else _pool_route(config)
+    options = _route_options(config, route, application_name, bounded=bounded)
+    init = options.pop("init", None)
+    conn: asyncpg.Connection = await asyncpg.connect(route.dsn, **options)
+    if init is not None:
+        try:
+            await init(conn)
+        except BaseException:
+            conn.terminate()
+            raise
     return conn
+
+
+async def connect_session(config: Config, application_name: str) -> asyncpg.Connection:
+    """A dedicated session that must stay one session: on database.leader_dsn when set."""
+    return await connect(config, application_name, session=True)
 
 
 @asynccontextmanager
@@ -110,6 +222,13 @@ async def acquire(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
     except BaseException as e:
         if isinstance(e, asyncpg.PostgresError):
             await pool.release(conn)
+        elif isinstance(e, TimeoutError):
+            # A statement over command_timeout (the statement_timeout of a transaction
+            # pooler's connections): asyncpg has sent a cancel request. Wait, briefly,
+            # for the server to act on it, or the statement runs on after the client is
+            # gone; release terminates the connection if the wait runs out.
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await pool.release(conn, timeout=CANCEL_WAIT_S)
         else:
             # The pool takes the slot back and connects afresh on a later acquire. (A
             # connection already closed went back to the pool: its proxy refuses.)

@@ -74,9 +74,7 @@ class Elector:
         async with self.changes:
             while True:
                 try:
-                    conn = await connect_session(
-                        self.config, "pgjobd leader", self.config.require_leader_dsn()
-                    )
+                    conn = await connect_session(self.config, "pgjobd leader")
                 except TRANSIENT as e:
                     log.warning("leader session: cannot connect: %s", e)
                     await anyio.sleep(backoff.jittered(ELECT_INTERVAL_S * 2))

@@ -78,9 +78,7 @@ class Notifier:
             try:
                 # LISTEN needs a session of its own: behind a transaction-pooling proxy this is
                 # database.leader_dsn (a direct connection), like the leader's lock.
-                conn = await connect_session(
-                    self.config, "pgjobd listener", self.config.require_leader_dsn()
-                )
+                conn = await connect_session(self.config, "pgjobd listener")
             except TRANSIENT as e:
                 failures += 1
                 log.warning(

@@ -26,6 +26,7 @@ from pgjobd.config import Config, DatabaseConfig
 from pgjobd.embedded import Cluster
 from pgjobd.lock_keys import LEADER, lock_key
 from pgjobd.migrate import migrate
+from pgjobd.pgbouncer import PgBouncer, PgBouncerError, find_program
 from pgjobd.queries import for_schema
 from pgjobd.roles import RoleContext
 
@@ -49,6 +50,22 @@ def dsn() -> Iterator[str]:
             yield cluster.dsn()
         finally:
             SESSION_PIDS.difference_update(session_pids)
+
+
+@pytest.fixture(scope="session")
+def stock_pgbouncer(dsn: str) -> Iterator[PgBouncer]:
+    """A PgBouncer with its stock settings in transaction mode in front of the session's
+    server, for the whole session (skipped where pgbouncer is not installed)."""
+    try:
+        find_program()
+    except PgBouncerError as e:
+        pytest.skip(str(e))
+    with PgBouncer.start(dsn) as bouncer:
+        SESSION_PIDS.add(bouncer.pid)
+        try:
+            yield bouncer
+        finally:
+            SESSION_PIDS.discard(bouncer.pid)
 
 
 @pytest.fixture

@@ -12,8 +12,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
+import anyio
 import asyncpg
 
+from pgjobd import db
 from pgjobd.config import Config
 from pgjobd.queries import Queries
 
@@ -91,6 +93,33 @@ async def as_table_owner(
 
 
 _RESET_OWNER_DDL = "RESET ROLE; RESET statement_timeout"
+
+
+def owner_ddl_timeout_s(timeout_ms: int) -> float:
+    """The client's wait for an `as_table_owner` statement's answer (asyncpg's
+    `timeout=`): its own statement_timeout and the grace of every other statement."""
+    return timeout_ms / 1000 + db.COMMAND_TIMEOUT_GRACE_S
+
+
+@asynccontextmanager
+async def owner_ddl_session(ctx: RoleContext, name: str) -> AsyncIterator[asyncpg.Connection]:
+    """The connection for a role whose DDL runs `as_table_owner`: a pool connection,
+    but through a pooler a session of its own (on database.leader_dsn when set). The
+    SET ROLE and statement_timeout it sets are session state, which on a transaction
+    pooler's shared server connection would reach other clients, and would not even
+    hold for the DDL, sent in a transaction of its own."""
+    if ctx.config.database.pooler == "none":
+        async with db.acquire(ctx.pool) as conn:
+            yield conn
+        return
+    conn = await db.connect_session(ctx.config, name)
+    try:
+        yield conn
+    finally:
+        with anyio.move_on_after(5, shield=True):
+            await conn.close()
+        if not conn.is_closed():
+            conn.terminate()
 
 
 class Role(Protocol):

@@ -11,10 +11,16 @@ from typing import ClassVar
 
 import asyncpg
 
-from pgjobd import db
 from pgjobd.config import Config
 from pgjobd.migrate import PARTITION_DAYS_AHEAD
-from pgjobd.roles import RoleContext, as_table_owner, fenced, term_open
+from pgjobd.roles import (
+    RoleContext,
+    as_table_owner,
+    fenced,
+    owner_ddl_session,
+    owner_ddl_timeout_s,
+    term_open,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +57,7 @@ class PartitionRotator:
     async def tick(self, ctx: RoleContext) -> None:
         schema = ctx.config.database.schema
         keep = ctx.config.retention.history
-        async with db.acquire(ctx.pool) as conn:
+        async with owner_ddl_session(ctx, "pgjobd partitions") as conn:
             await ctx.queries.partitions_ensure(conn, PARTITION_DAYS_AHEAD)
             today: date = await conn.fetchval("SELECT (now() AT TIME ZONE 'UTC')::date")
             for parent in PARENTS:
@@ -84,7 +90,8 @@ class PartitionRotator:
         try:
             async with as_table_owner(conn, ctx, timeout_ms=DETACH_TIMEOUT_MS):
                 await conn.execute(
-                    f"ALTER TABLE {schema}.{parent} DETACH PARTITION {schema}.{partition} {how}"
+                    f"ALTER TABLE {schema}.{parent} DETACH PARTITION {schema}.{partition} {how}",
+                    timeout=owner_ddl_timeout_s(DETACH_TIMEOUT_MS),
                 )
         except (asyncpg.UndefinedTableError, asyncpg.InvalidObjectDefinitionError) as e:
             log.info("partition %s already detached: %s", partition, e)

@@ -59,7 +59,13 @@ import asyncpg
 
 from pgjobd import db
 from pgjobd.config import Config
-from pgjobd.roles import RoleContext, as_table_owner, term_open
+from pgjobd.roles import (
+    RoleContext,
+    as_table_owner,
+    owner_ddl_session,
+    owner_ddl_timeout_s,
+    term_open,
+)
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +139,7 @@ class Reindexer:
 
     async def tick(self, ctx: RoleContext) -> None:
         table = f"{ctx.config.database.schema}.job"
-        async with db.acquire(ctx.pool) as conn:
+        async with owner_ddl_session(ctx, "pgjobd reindexer") as conn:
             await self._check_fence(conn, ctx)
             if await ctx.queries.index_build_in_progress(conn, table):
                 log.info(
@@ -179,9 +185,13 @@ class Reindexer:
             extra={"event": "reindexer.started", "index": index.name, "term": ctx.term},
         )  # fmt: skip
         started = time.monotonic()
+        pid = await ctx.queries.backend_pid(conn)
         try:
             async with as_table_owner(conn, ctx, timeout_ms=REINDEX_TIMEOUT_MS):
-                await conn.execute(f"REINDEX INDEX CONCURRENTLY {index.qualified}")
+                await conn.execute(
+                    f"REINDEX INDEX CONCURRENTLY {index.qualified}",
+                    timeout=owner_ddl_timeout_s(REINDEX_TIMEOUT_MS),
+                )
         except asyncpg.PostgresError as e:
             failures = self.failures[index.name] = self.failures.get(index.name, 0) + 1
             wait_s = min(FAILURE_BACKOFF_S * 2 ** (failures - 1), FAILURE_BACKOFF_MAX_S)
@@ -199,7 +209,6 @@ class Reindexer:
             # another one, so the REINDEX stops on the server, and never hand back to the
             # pool (which does not reset sessions) one with a half-hour statement_timeout, or
             # one still acting as the maintainer role.
-            pid = conn.get_server_pid()
             with anyio.move_on_after(5, shield=True), contextlib.suppress(Exception):
                 async with db.acquire(ctx.pool) as other:
                     await ctx.queries.backend_stop(other, pid)
@@ -234,7 +243,10 @@ class Reindexer:
         for row in await ctx.queries.index_leftover_list(conn, table):
             await self._check_fence(conn, ctx)
             async with as_table_owner(conn, ctx, timeout_ms=DROP_LEFTOVER_TIMEOUT_MS):
-                await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {row.qualified}")
+                await conn.execute(
+                    f"DROP INDEX CONCURRENTLY IF EXISTS {row.qualified}",
+                    timeout=owner_ddl_timeout_s(DROP_LEFTOVER_TIMEOUT_MS),
+                )
             self.dropped += 1
             log.warning(
                 "dropped %s, left invalid by an interrupted REINDEX CONCURRENTLY",

@@ -114,6 +114,12 @@ FROM (SELECT age(datfrozenxid) AS wraparound_age, mxid_age(datminmxid) AS multix
       FROM pg_database WHERE datname = current_database()) AS d
 LEFT JOIN pg_stat_user_tables AS s ON s.relid = $1::regclass;
 
+-- name: backend_pid
+-- The server process of this session (asyncpg's get_server_pid is the pooler's own
+-- behind PgBouncer); for backend_stop.
+-- (no parameters)
+SELECT pg_backend_pid();
+
 -- name: backend_stop
 -- Ends one of this member's own sessions whose statement was abandoned (a REINDEX the
 -- reindexer was cancelled in): the statement stops, and the session is not reused.

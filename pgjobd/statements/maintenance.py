@@ -79,6 +79,11 @@ class MaintenanceStatements(Rendered):
         record = await conn.fetchrow(self.sql("horizon_table_stats"), table)
         return one_row("horizon_table_stats", TableStats, record)
 
+    @statement("backend_pid")
+    async def backend_pid(self, conn: Conn) -> int:
+        pid: int = await conn.fetchval(self.sql("backend_pid"))
+        return pid
+
     @statement("backend_stop")
     async def backend_stop(self, conn: Conn, pid: int) -> bool:
         stopped: bool = await conn.fetchval(self.sql("backend_stop"), pid)

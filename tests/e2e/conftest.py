@@ -1,5 +1,10 @@
 """Real `pgjobd run` members on a temporary config, this directory's handlers and the
-test's own schema. Tests wait on database state, never on fixed sleeps."""
+test's own schema. Tests wait on database state, never on fixed sleeps.
+
+With PGJOBD_TEST_POOLER=pgbouncer, the members' pools and the tests' clients go through
+a stock PgBouncer in transaction mode (the members' leader and LISTEN sessions straight
+to the server, on database.leader_dsn); `pytest -m core tests/e2e` is that leg.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +22,54 @@ import asyncpg
 import pytest
 from anyio.abc import Process
 
+from pgjobd import Client
+from pgjobd.config import Pooler
+from pgjobd.pgbouncer import PgBouncer, find_program
+
 HANDLERS = Path(__file__).parent / "handlers"
+POOLER_VAR = "PGJOBD_TEST_POOLER"
+
+
+@dataclass(frozen=True)
+class Route:
+    """How members' pools and the tests' clients reach the server: `dsn` through
+    `pooler`; members' sessions (leader, LISTEN) use `leader_dsn` when it is set."""
+
+    dsn: str
+    pooler: Pooler = "none"
+    leader_dsn: str | None = None
+
+    def database_toml(self) -> str:
+        if self.pooler == "none":
+            return ""
+        return f'pooler = "{self.pooler}"\nleader_dsn = "{self.leader_dsn}"\n'
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(request: pytest.FixtureRequest) -> PgBouncer | None:
+    """The session's PgBouncer when PGJOBD_TEST_POOLER=pgbouncer."""
+    wanted = os.environ.get(POOLER_VAR, "")
+    if wanted not in ("", "pgbouncer"):
+        raise pytest.UsageError(f'{POOLER_VAR}: expected "pgbouncer" or unset, got {wanted!r}')
+    if not wanted:
+        return None
+    find_program()  # the leg asked for: an error, not a skip, where it is not installed
+    bouncer: PgBouncer = request.getfixturevalue("stock_pgbouncer")
+    return bouncer
+
+
+@pytest.fixture
+def route(dsn: str, pgbouncer: PgBouncer | None) -> Route:
+    if pgbouncer is None:
+        return Route(dsn)
+    return Route(pgbouncer.dsn(), "transaction", leader_dsn=dsn)
+
+
+@pytest.fixture
+async def client(route: Route, schema: str) -> AsyncIterator[Client]:
+    """A Client on the test's schema, through the pooler in the PgBouncer leg."""
+    async with await Client.connect(route.dsn, schema=schema, pooler=route.pooler) as c:
+        yield c
 
 
 class MemberProcess:
@@ -79,30 +132,33 @@ processes = 1
 
 @pytest.fixture
 async def start_member(
-    dsn: str, schema: str, conn: asyncpg.Connection, tmp_path: Path
+    route: Route, schema: str, conn: asyncpg.Connection, tmp_path: Path
 ) -> AsyncIterator[Callable[..., Awaitable[MemberProcess]]]:
     started: list[MemberProcess] = []
 
     async def start(
         queues: str = DEFAULT_QUEUES, daemon: str = "", handlers: Path = HANDLERS,
         wait_ready: bool = True, server_dsn: str | None = None, new_session: bool = False,
+        env: dict[str, str] | None = None,
     ) -> MemberProcess:  # fmt: skip
         index = len(started)
         # Defaults for what `daemon` does not set itself.
         defaults = {"drain_timeout": '"10s"', "metrics_listen": '""', "log_format": '"text"'}
         settings = "".join(f"{k} = {v}\n" for k, v in defaults.items() if k not in daemon)
         config = tmp_path / f"member{index}.toml"
+        # A test's own server is reached directly.
+        database = "" if server_dsn else route.database_toml()
         config.write_text(
-            f'[database]\nschema = "{schema}"\n\n'
+            f'[database]\nschema = "{schema}"\n{database}\n'
             f'[daemon]\nhandlers = ["{handlers}"]\n{settings}{daemon}\n{queues}'
         )
         log_path = tmp_path / f"member{index}.log"
-        env = {**os.environ, "PGJOBD_DSN": server_dsn or dsn}
-        env.pop("DATABASE_URL", None)
+        environ = {**os.environ, "PGJOBD_DSN": server_dsn or route.dsn, **(env or {})}
+        environ.pop("DATABASE_URL", None)
         with log_path.open("wb") as log_file:
             process = await anyio.open_process(
                 [sys.executable, "-m", "pgjobd", "run", "--config", str(config)],
-                stdout=log_file, stderr=log_file, env=env, start_new_session=new_session,
+                stdout=log_file, stderr=log_file, env=environ, start_new_session=new_session,
             )  # fmt: skip
         member = MemberProcess(process, log_path)
         started.append(member)

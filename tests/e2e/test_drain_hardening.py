@@ -215,6 +215,7 @@ async def ran_once_or_given_back(conn: asyncpg.Connection, schema: str, job_id: 
     return "available"
 
 
+@pytest.mark.core
 async def test_a_claim_in_flight_at_sigterm_is_handed_over_not_stranded(
     dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
 ) -> None:
@@ -232,6 +233,7 @@ async def test_a_claim_in_flight_at_sigterm_is_handed_over_not_stranded(
     assert await ran_once_or_given_back(conn, schema, job_id) in ("completed", "available")
 
 
+@pytest.mark.core
 async def test_a_claim_in_flight_at_reload_is_handed_over_not_stranded(
     dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
 ) -> None:

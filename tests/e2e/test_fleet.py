@@ -61,6 +61,7 @@ async def leader_member(
     return found
 
 
+@pytest.mark.core
 async def test_one_leader_among_three_and_fast_takeover(
     schema: str, conn: asyncpg.Connection, start_member: StartMember
 ) -> None:
@@ -96,6 +97,7 @@ async def test_one_leader_among_three_and_fast_takeover(
     assert resigned
 
 
+@pytest.mark.core
 async def test_a_terminated_leader_session_stops_its_roles_and_its_writes_land_nowhere(
     schema: str, conn: asyncpg.Connection, start_member: StartMember
 ) -> None:
@@ -142,15 +144,20 @@ async def _newer_term(conn: asyncpg.Connection, schema: str, than: int) -> async
     return row if row is not None and row["term"] > than else None
 
 
+@pytest.mark.core
 async def test_the_jobs_of_a_killed_member_run_again_elsewhere(
-    dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
+    client: Client,
+    dsn: str,
+    schema: str,
+    conn: asyncpg.Connection,
+    start_member: StartMember,
+    tmp_path: Path,
 ) -> None:
     ledger = tmp_path / "ledger"
     doomed = await start_member(daemon='lease = "2s"')
-    async with await Client.connect(dsn, schema=schema) as client:
-        ids = await client.enqueue_many(
-            [("record", {"path": str(ledger), "hold_s": 3.0}) for _ in range(6)]
-        )
+    ids = await client.enqueue_many(
+        [("record", {"path": str(ledger), "hold_s": 3.0}) for _ in range(6)]
+    )
 
     async def all_claimed() -> bool:
         return await conn.fetchval(

@@ -49,6 +49,7 @@ async def results(conn: asyncpg.Connection, schema: str) -> dict[int, object]:
     return {r["id"]: json.loads(r["result"]) for r in rows}
 
 
+@pytest.mark.core
 async def test_reload_swaps_code_and_queues_without_losing_a_job(
     schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
 ) -> None:
@@ -84,6 +85,7 @@ async def test_reload_swaps_code_and_queues_without_losing_a_job(
 
 
 @pytest.mark.parametrize("breakage", ["config", "handler"])
+@pytest.mark.core
 async def test_a_bad_reload_keeps_the_old_generation_serving(
     schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path,
     breakage: str,

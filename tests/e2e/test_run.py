@@ -24,13 +24,13 @@ pytestmark = pytest.mark.anyio
 StartMember = Callable[..., Awaitable[MemberProcess]]
 
 
+@pytest.mark.core
 async def test_jobs_from_cli_python_and_sql_complete_once(
-    dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember
+    client: Client, dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember
 ) -> None:
     member = await start_member()
-    async with await Client.connect(dsn, schema=schema) as client:
-        from_python = await client.enqueue("echo", {"via": "python"})
-        bulk = await client.enqueue_many([("echo", {"n": i}) for i in range(50)])
+    from_python = await client.enqueue("echo", {"via": "python"})
+    bulk = await client.enqueue_many([("echo", {"n": i}) for i in range(50)])
     from_sql = await conn.fetchval(f"SELECT {schema}.enqueue('echo', '{{\"via\": \"sql\"}}')")
     cli = await anyio.run_process(
         [sys.executable, "-m", "pgjobd", "enqueue", "echo", '{"via": "cli"}',
@@ -66,28 +66,33 @@ async def test_kinds_are_declared_so_sql_enqueues_land_in_the_right_queue(
     assert records[job_id]["state"] == "completed"
 
 
+@pytest.mark.core
 async def test_every_outcome_is_recorded_as_the_contract_says(
-    dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
+    client: Client,
+    dsn: str,
+    schema: str,
+    conn: asyncpg.Connection,
+    start_member: StartMember,
+    tmp_path: Path,
 ) -> None:
     await start_member()
-    async with await Client.connect(dsn, schema=schema) as client:
-        ids = dict(
-            zip(
-                ["fails", "retries", "snoozes", "discards", "discard_on", "bad_args",
-                 "typed", "unknown"],
-                await client.enqueue_many([
-                    ("always_fails", {"x": 1}),
-                    ("retries_then_succeeds", {}),
-                    ("snoozes_once", {"path": str(tmp_path / "snoozed")}),
-                    ("discards", {}),
-                    ("discards_on_key_error", {}),
-                    ("typed", {"n": "not a number"}),
-                    ("typed", {"n": 21}),
-                    JobSpec("nobody_handles_this", {}, max_attempts=2),
-                ]),
-                strict=True,
-            )
-        )  # fmt: skip
+    ids = dict(
+        zip(
+            ["fails", "retries", "snoozes", "discards", "discard_on", "bad_args",
+             "typed", "unknown"],
+            await client.enqueue_many([
+                ("always_fails", {"x": 1}),
+                ("retries_then_succeeds", {}),
+                ("snoozes_once", {"path": str(tmp_path / "snoozed")}),
+                ("discards", {}),
+                ("discards_on_key_error", {}),
+                ("typed", {"n": "not a number"}),
+                ("typed", {"n": 21}),
+                JobSpec("nobody_handles_this", {}, max_attempts=2),
+            ]),
+            strict=True,
+        )
+    )  # fmt: skip
 
     records = await wait_all_final(conn, schema, len(ids))
 
@@ -121,16 +126,21 @@ async def test_every_outcome_is_recorded_as_the_contract_says(
     assert not [a for a in attempts if a["job_id"] == ids["snoozes"]]
 
 
+@pytest.mark.core
 async def test_two_members_never_run_one_job_at_once(
-    dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
+    client: Client,
+    dsn: str,
+    schema: str,
+    conn: asyncpg.Connection,
+    start_member: StartMember,
+    tmp_path: Path,
 ) -> None:
     ledger = tmp_path / "ledger"
     await start_member()
     await start_member()
-    async with await Client.connect(dsn, schema=schema) as client:
-        ids = await client.enqueue_many(
-            [("record", {"path": str(ledger), "hold_s": 0.002}) for _ in range(400)]
-        )
+    ids = await client.enqueue_many(
+        [("record", {"path": str(ledger), "hold_s": 0.002}) for _ in range(400)]
+    )
 
     records = await wait_all_final(conn, schema, len(ids), timeout_s=60)
 
@@ -142,6 +152,7 @@ async def test_two_members_never_run_one_job_at_once(
     assert len(owners) == 2  # both members took a share
 
 
+@pytest.mark.core
 async def test_a_lost_listen_session_falls_back_to_polling_and_reconnects(
     dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember
 ) -> None:
@@ -160,6 +171,7 @@ async def test_a_lost_listen_session_falls_back_to_polling_and_reconnects(
     assert new != old
 
 
+@pytest.mark.core
 async def test_an_outcome_whose_fence_was_taken_changes_nothing(
     dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
 ) -> None:
@@ -183,6 +195,7 @@ async def test_an_outcome_whose_fence_was_taken_changes_nothing(
     assert await conn.fetchval(f"SELECT count(*) FROM {schema}.job_history") == 0
 
 
+@pytest.mark.core
 async def test_sigterm_drains_and_leaves_the_fleet(
     dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember
 ) -> None:
@@ -230,6 +243,7 @@ async def _empty(conn: asyncpg.Connection, schema: str) -> bool:
     return await conn.fetchval(f"SELECT count(*) FROM {schema}.job") == 0
 
 
+@pytest.mark.core
 async def test_a_job_whose_lease_is_lost_is_cancelled_in_its_worker(
     schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
 ) -> None:
@@ -250,6 +264,7 @@ async def test_a_job_whose_lease_is_lost_is_cancelled_in_its_worker(
     assert await conn.fetchval(f"SELECT owner FROM {schema}.job WHERE id = $1", job_id) == "other"
 
 
+@pytest.mark.core
 async def test_a_paused_queue_is_not_claimed_from_until_resumed(
     schema: str, conn: asyncpg.Connection, start_member: StartMember
 ) -> None:
@@ -307,6 +322,7 @@ async def test_systemd_hears_ready_watchdog_and_stopping(
         listener.close()
 
 
+@pytest.mark.core
 async def test_cancelling_a_running_job_reaches_its_handler(
     dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
 ) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from pgjobd import db
 from pgjobd.client import skip_session_reset
+from pgjobd.config import Config, DatabaseConfig, Duration
 
 pytestmark = pytest.mark.anyio
 # The statement these tests interrupt. A backend whose client vanished mid-statement
@@ -189,5 +190,34 @@ async def test_a_connection_the_body_closed_itself_is_handled(dsn: str) -> None:
             conn.terminate()
         async with db.acquire(pool) as conn:
             assert await conn.fetchval("SELECT 1") == 1
+    finally:
+        pool.terminate()
+
+
+async def test_a_statement_sent_into_a_partition_is_given_up_and_the_pool_recovers(
+    proxy: tuple[CuttableProxy, str],
+) -> None:
+    # Regression (issue 18, chaos `partition`): a member cut off for longer than its
+    # lease kept statements waiting for answers that TCP retransmission would deliver
+    # only minutes after the link came back; it resumed no work for over a minute after
+    # the heal. A statement now waits at most statement_timeout + a grace.
+    cuttable, proxied_dsn = proxy
+    config = Config(
+        database=DatabaseConfig(pool_min=1, pool_max=1, statement_timeout=Duration(seconds=1)),
+        dsn=proxied_dsn,
+    )
+    pool = await db.create_pool(config)
+    try:
+        started = anyio.current_time()
+        with pytest.raises(TimeoutError):
+            async with db.acquire(pool) as conn:
+                cuttable.cut = True  # nothing passes; the server never answers
+                await conn.fetchval("SELECT 1")
+        waited = anyio.current_time() - started
+        assert waited < 1 + db.COMMAND_TIMEOUT_GRACE_S + db.CANCEL_WAIT_S + 5, waited
+        cuttable.cut = False
+        with anyio.fail_after(15):
+            async with db.acquire(pool) as conn:
+                assert await conn.fetchval("SELECT 1") == 1
     finally:
         pool.terminate()

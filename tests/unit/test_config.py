@@ -479,6 +479,20 @@ def test_leader_dsn() -> None:
     assert apply_overrides(direct, dsn="cli", environ={}).require_leader_dsn() == "direct"
 
 
+def test_a_transaction_pooler_needs_a_leader_dsn_and_the_pooler_is_one_of_three() -> None:
+    with pytest.raises(ConfigError) as caught:
+        loads("[database]\ndsn = 'pooled'\npooler = 'transaction'\n", FILE)
+    assert str(caught.value).startswith(f"{FILE}: database.leader_dsn: required with pooler")
+    pooled = loads(
+        "[database]\ndsn = 'pooled'\npooler = 'transaction'\nleader_dsn = 'direct'\n", FILE
+    )
+    assert pooled.database.pooler == "transaction"
+    assert loads("[database]\npooler = 'session'\n", FILE).database.pooler == "session"
+    assert loads("", FILE).database.pooler == "none"
+    with pytest.raises(ConfigError, match=r'database\.pooler: expected one of "none", "session"'):
+        loads("[database]\npooler = 'pgbouncer'\n", FILE)
+
+
 # --- properties over large input spaces ------------------------------------------------
 
 FIELDS = {
