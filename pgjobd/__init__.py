@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 if TYPE_CHECKING:
     from pgjobd.client import Batch, Client, JobInfo, JobSpec, SyncClient
