@@ -11,7 +11,6 @@ job already completed, never enqueue a slot twice.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import ClassVar, cast
@@ -20,6 +19,7 @@ import asyncpg
 import msgspec
 
 from pgjobd import cron_schedule, db
+from pgjobd.clock import SYSTEM, Clock
 from pgjobd.config import Config
 from pgjobd.cron_schedule import CatchUp, Due, ScheduleError
 from pgjobd.queries import Queries
@@ -30,8 +30,6 @@ log = logging.getLogger(__name__)
 
 INTERVAL_S = 1.0  # the longest sleep between ticks
 MIN_INTERVAL_S = 0.05
-
-Now = datetime | Callable[[], datetime] | None
 
 
 @dataclass(frozen=True)
@@ -45,10 +43,9 @@ class Firing:
 class CronTicker:
     name: ClassVar[str] = "cron"
 
-    def __init__(self, *, now_override: Now = None) -> None:
-        """`now_override`, for tests only: the tick's "now" (a value, or a callable read
-        at each tick) instead of the database's now()."""
-        self._now_override = now_override
+    def __init__(self, *, clock: Clock = SYSTEM) -> None:
+        """`clock`: whose "now" the ticks use (the database's, unless a test's)."""
+        self.clock = clock
         self._synced: tuple[object, ...] | None = None
         self._next_in_s = INTERVAL_S
         self._reported: set[tuple[str, datetime, str]] = set()
@@ -56,10 +53,6 @@ class CronTicker:
     def interval_s(self, config: Config) -> float:
         """Until the next due slot, at most a second."""
         return min(INTERVAL_S, max(MIN_INTERVAL_S, self._next_in_s))
-
-    def _now(self) -> datetime | None:
-        override = self._now_override
-        return override() if callable(override) else override
 
     async def tick(self, ctx: RoleContext) -> None:
         async with db.acquire(ctx.pool) as conn:
@@ -71,7 +64,7 @@ class CronTicker:
         """The first half of a tick: sync the config entries (when the config or the
         term changed), read the schedules with the database's now, and work out what
         each one owes. Tests call it and `fire` apart to interleave two leaders."""
-        now_param = self._now()
+        now_param = self.clock.now()
         synced = (ctx.term, ctx.config.cron)
         if synced != self._synced and await self._sync(conn, ctx, now_param):
             self._synced = synced

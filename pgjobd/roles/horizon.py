@@ -36,7 +36,6 @@ the roles that run reports (ALTER ROLE ... SET), which PostgreSQL enforces itsel
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
@@ -45,6 +44,7 @@ from typing import Any, ClassVar
 import asyncpg
 
 from pgjobd import db, metrics
+from pgjobd.clock import SYSTEM, Clock
 from pgjobd.config import Config
 from pgjobd.queries import Queries
 from pgjobd.roles import RoleContext
@@ -133,7 +133,9 @@ class HorizonWatchdog:
         dead_rows_warn: int = DEAD_ROWS_WARN,
         dead_rows_for_s: float = DEAD_ROWS_FOR_S,
         wraparound_warn: int = WRAPAROUND_WARN,
+        clock: Clock = SYSTEM,
     ) -> None:
+        self.clock = clock
         self.held_warn_s = held_warn_s
         self.dead_ratio_warn = dead_ratio_warn
         self.dead_rows_warn = dead_rows_warn
@@ -157,8 +159,8 @@ class HorizonWatchdog:
     async def read(self, pool: asyncpg.Pool, queries: Queries, config: Config) -> HorizonReading:
         table = f"{config.database.schema}.job"
         async with db.acquire(pool) as conn:
-            stats = await queries.horizon_table_stats(conn, table)
-            rows = await queries.horizon_holders(conn, 1)
+            stats = await queries.horizon_table_stats(conn, table, self.clock.now())
+            rows = await queries.horizon_holders(conn, 1, self.clock.now())
         holder = HorizonHolder(*rows[0]) if rows else None
         at = stats.at
         now_s = at.timestamp()
@@ -189,7 +191,7 @@ class HorizonWatchdog:
             _age(r.held_s), table, r.dead_rows, r.dead_ratio * 100, culprit,
         )  # fmt: skip
         piling = r.dead_ratio > self.dead_ratio_warn and r.dead_rows > self.dead_rows_warn
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if not piling or (self._unvacuumed and self._unvacuumed[1] != r.vacuum_count):
             self._unvacuumed = None  # cleared, or vacuum ran: it is doing its job
         if piling and self._unvacuumed is None:
@@ -211,7 +213,7 @@ class HorizonWatchdog:
         )  # fmt: skip
 
     def _alarm(self, alarm: str, on: bool, culprit: Any, message: str, *args: Any) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         previous = self._warned.get(alarm)
         if not on:
             if previous is not None:

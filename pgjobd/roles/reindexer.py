@@ -50,7 +50,6 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from typing import ClassVar
 
@@ -66,6 +65,7 @@ from pgjobd.roles import (
     owner_ddl_timeout_s,
     term_open,
 )
+from pgjobd.statements.maintenance import IndexSize
 
 log = logging.getLogger(__name__)
 
@@ -84,19 +84,6 @@ BTREE_PAGE_OVERHEAD = 24 + 16  # page header + B-tree special space
 BTREE_LEAF_FILL = 0.90  # the default leaf fillfactor
 INDEX_TUPLE_HEADER = 8
 LINE_POINTER = 4
-
-
-@dataclass(frozen=True)
-class IndexSize:
-    qualified: str
-    name: str
-    valid: bool
-    bytes: int
-    entries: float  # reltuples; -1 when never measured
-    block_size: int
-    key_width: int | None  # None for an expression index
-    measured_at: datetime | None = None  # the table's last vacuum or analyze
-    at: datetime | None = None  # when this was read (the database's clock)
 
 
 def expected_index_bytes(entries: float, key_width: int, block_size: int = 8192) -> int:
@@ -149,7 +136,7 @@ class Reindexer:
                 return
             await self._drop_leftovers(conn, ctx, table)
             for row in await ctx.queries.index_size_list(conn, table, None):
-                index = IndexSize(*row)
+                index = row
                 reason = self._confirmed(index)
                 if reason is None or time.monotonic() < self.not_before.get(index.name, 0.0):
                     continue
@@ -223,7 +210,7 @@ class Reindexer:
         self.not_before[index.name] = time.monotonic() + REBUILD_COOLDOWN_S
         # The build counted the entries it indexed (reltuples): judge on that count.
         rows = await ctx.queries.index_size_list(conn, table, index.name)
-        after = IndexSize(*rows[0]) if rows else None
+        after = rows[0] if rows else None
         log.info(
             "rebuilt index %s in %.1f s: %d -> %s bytes", index.qualified,
             time.monotonic() - started, index.bytes, after.bytes if after else "?",

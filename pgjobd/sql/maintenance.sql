@@ -70,13 +70,14 @@ ORDER BY c.relname;
 -- (a slot has none). VACUUM workers are left out (other vacuums ignore their xmin),
 -- and so is this session. Without pg_read_all_stats (or pg_monitor), other roles'
 -- sessions show no xmin and so are invisible here.
--- $1 how many
+-- $1 how many, $2 now override (NULL: now())
 SELECT h.*
 FROM (
     SELECT 'backend' AS source, a.pid, a.application_name AS name, a.usename AS owner,
            a.state, a.backend_type,
            greatest(age(a.backend_xid), age(a.backend_xmin)) AS xmin_age,
-           extract(epoch FROM now() - a.xact_start)::float8 AS xact_age_s,
+           extract(epoch FROM coalesce($2::timestamptz, now()) - a.xact_start)::float8
+               AS xact_age_s,
            a.xact_start, a.query_start, a.state_change, left(a.query, 200) AS query
     FROM pg_stat_activity AS a
     WHERE (a.backend_xid IS NOT NULL OR a.backend_xmin IS NOT NULL)
@@ -85,7 +86,8 @@ FROM (
       AND NOT (a.backend_type = 'autovacuum worker' AND a.query LIKE 'autovacuum: VACUUM%')
     UNION ALL
     SELECT 'prepared_xact', NULL, p.gid, p.owner::text, 'prepared', NULL,
-           age(p.transaction), extract(epoch FROM now() - p.prepared)::float8,
+           age(p.transaction),
+           extract(epoch FROM coalesce($2::timestamptz, now()) - p.prepared)::float8,
            p.prepared, NULL, NULL, NULL
     FROM pg_prepared_xacts AS p
     WHERE p.database = current_database()
@@ -103,8 +105,8 @@ LIMIT $1;
 -- The hot table's row counts and vacuum history, and the database's wraparound ages.
 -- next_xid is the xid the next transaction will get (64-bit): the watchdog's clock for
 -- turning an xmin into how long ago it was current.
--- $1 table (qualified name)
-SELECT now() AS at,
+-- $1 table (qualified name), $2 now override (NULL: now())
+SELECT coalesce($2::timestamptz, now()) AS at,
        pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next_xid,
        d.wraparound_age, d.multixact_age,
        s.n_live_tup AS live_rows, s.n_dead_tup AS dead_rows,

@@ -14,7 +14,9 @@ class IndexLeftover(NamedTuple):
     name: str
 
 
-class IndexSizeRow(NamedTuple):
+class IndexSize(NamedTuple):
+    """A B-tree index of a table and what its size is judged on (the reindexer's)."""
+
     qualified: str
     name: str
     valid: bool
@@ -22,8 +24,8 @@ class IndexSizeRow(NamedTuple):
     entries: float  # reltuples; -1 when never measured
     block_size: int
     key_width: int | None  # None for an expression index
-    measured_at: datetime | None
-    at: datetime
+    measured_at: datetime | None = None  # the table's last vacuum or analyze
+    at: datetime | None = None  # when this was read (the database's clock)
 
 
 class HorizonHolderRow(NamedTuple):
@@ -65,18 +67,19 @@ class MaintenanceStatements(Rendered):
         return rows_of(IndexLeftover, await conn.fetch(self.sql("index_leftover_list"), table))
 
     @statement("index_size_list")
-    async def index_size_list(
-        self, conn: Conn, table: str, index: str | None
-    ) -> list[IndexSizeRow]:
-        return rows_of(IndexSizeRow, await conn.fetch(self.sql("index_size_list"), table, index))
+    async def index_size_list(self, conn: Conn, table: str, index: str | None) -> list[IndexSize]:
+        return rows_of(IndexSize, await conn.fetch(self.sql("index_size_list"), table, index))
 
     @statement("horizon_holders")
-    async def horizon_holders(self, conn: Conn, limit: int) -> list[HorizonHolderRow]:
-        return rows_of(HorizonHolderRow, await conn.fetch(self.sql("horizon_holders"), limit))
+    async def horizon_holders(
+        self, conn: Conn, limit: int, now: datetime | None
+    ) -> list[HorizonHolderRow]:
+        records = await conn.fetch(self.sql("horizon_holders"), limit, now)
+        return rows_of(HorizonHolderRow, records)
 
     @statement("horizon_table_stats")
-    async def horizon_table_stats(self, conn: Conn, table: str) -> TableStats:
-        record = await conn.fetchrow(self.sql("horizon_table_stats"), table)
+    async def horizon_table_stats(self, conn: Conn, table: str, now: datetime | None) -> TableStats:
+        record = await conn.fetchrow(self.sql("horizon_table_stats"), table, now)
         return one_row("horizon_table_stats", TableStats, record)
 
     @statement("backend_pid")

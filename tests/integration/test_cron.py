@@ -1,4 +1,4 @@
-"""The cron ticker against the database, ticked in-process on a test clock (the
+"""The cron ticker against the database, ticked in-process on a FakeClock (the
 statements' `coalesce($now, now())` hook): one job per slot, catch-up after downtime,
 DST, two overlapping leaders, config sync, and bad 'api' rows."""
 
@@ -14,25 +14,13 @@ import asyncpg
 import msgspec
 import pytest
 
+from pgjobd.clock import FakeClock
 from pgjobd.config import Config, CronEntry, DatabaseConfig
 from pgjobd.queries import for_schema
 from pgjobd.roles import Deposed, RoleContext
 from pgjobd.roles.cron import CronTicker, trigger
 
 pytestmark = pytest.mark.anyio
-
-
-class Clock:
-    """The test clock handed to the ticker; `now` is what the database statements use."""
-
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, **delta: float) -> None:
-        self.now += timedelta(**delta)
 
 
 def entry(name: str, schedule: str, **fields: Any) -> CronEntry:
@@ -87,8 +75,8 @@ def utc(*args: int) -> datetime:
 async def test_each_slot_fires_once_with_run_at_the_slot(
     conn: asyncpg.Connection, schema: str, contexts: Contexts
 ) -> None:
-    clock = Clock(utc(2026, 5, 1, 10, 0, 30))
-    ticker = CronTicker(now_override=clock)
+    clock = FakeClock(utc(2026, 5, 1, 10, 0, 30))
+    ticker = CronTicker(clock=clock)
     ctx = contexts(entry("minutely", "* * * * *", args={"to": "ops"}, queue="reports"))
 
     await ticker.tick(ctx)  # created now: nothing of the past fires
@@ -114,8 +102,8 @@ async def test_queue_defaults_to_the_kinds_declared_queue(
     conn: asyncpg.Connection, schema: str, contexts: Contexts
 ) -> None:
     await conn.execute(f"INSERT INTO {schema}.kind (name, queue) VALUES ('mail', 'outbox')")
-    clock = Clock(utc(2026, 5, 1, 10, 0, 30))
-    ticker = CronTicker(now_override=clock)
+    clock = FakeClock(utc(2026, 5, 1, 10, 0, 30))
+    ticker = CronTicker(clock=clock)
     ctx = contexts(entry("mailer", "* * * * *", kind="mail"), entry("other", "* * * * *"))
     await ticker.tick(ctx)
     clock.advance(minutes=1)
@@ -129,15 +117,15 @@ async def test_queue_defaults_to_the_kinds_declared_queue(
 async def test_catch_up_policies_after_downtime(
     conn: asyncpg.Connection, schema: str, contexts: Contexts
 ) -> None:
-    clock = Clock(utc(2026, 5, 1, 9, 59))
-    ticker = CronTicker(now_override=clock)
+    clock = FakeClock(utc(2026, 5, 1, 9, 59))
+    ticker = CronTicker(clock=clock)
     ctx = contexts(
         entry("none", "0 * * * *", catch_up="none", kind="k_none"),
         entry("latest", "0 * * * *", catch_up="latest", kind="k_latest"),
         entry("all", "0 * * * *", catch_up="all", catch_up_limit=3, kind="k_all"),
     )
     await ticker.tick(ctx)
-    clock.now = utc(2026, 5, 1, 15, 10)  # down from before 10:00 until 15:10
+    clock.set(utc(2026, 5, 1, 15, 10))  # down from before 10:00 until 15:10
 
     await ticker.tick(ctx)
 
@@ -150,7 +138,7 @@ async def test_catch_up_policies_after_downtime(
         assert row is not None
         assert row["last_slot"] == utc(2026, 5, 1, 15)  # skipped slots stay skipped
 
-    clock.now = utc(2026, 5, 1, 16, 0, 20)  # back to normal: all three on time
+    clock.set(utc(2026, 5, 1, 16, 0, 20))  # back to normal: all three on time
     await ticker.tick(ctx)
     assert await conn.fetchval(
         f"SELECT count(*) FROM {schema}.job WHERE run_at = '2026-05-01 16:00+00'"
@@ -172,10 +160,10 @@ async def test_a_daily_job_fires_once_across_dst(
     *, conn: asyncpg.Connection, schema: str, contexts: Contexts,
     zone: str, schedule: str, start: datetime, expected: list[datetime],
 ) -> None:  # fmt: skip
-    clock = Clock(start)
-    ticker = CronTicker(now_override=clock)
+    clock = FakeClock(start)
+    ticker = CronTicker(clock=clock)
     ctx = contexts(entry("daily", schedule, timezone=zone, catch_up="none"))
-    while clock.now < start + timedelta(hours=4):  # ticks every 5 minutes through the night
+    while clock.now() < start + timedelta(hours=4):  # ticks every 5 minutes through the night
         await ticker.tick(ctx)
         clock.advance(minutes=5)
     assert [r["run_at"] for r in await jobs(conn, schema)] == expected
@@ -184,10 +172,10 @@ async def test_a_daily_job_fires_once_across_dst(
 async def test_two_leaders_ticking_the_same_slots_enqueue_each_once(
     conn: asyncpg.Connection, schema: str, contexts: Contexts
 ) -> None:
-    clock = Clock(utc(2026, 5, 1, 10, 0, 30))
+    clock = FakeClock(utc(2026, 5, 1, 10, 0, 30))
     cron = (entry("a", "* * * * *", catch_up="all"), entry("b", "*/2 * * * *"))
     # Both "leaders" by fiat: fenced on the one session that holds the lock.
-    first, second = CronTicker(now_override=clock), CronTicker(now_override=clock)
+    first, second = CronTicker(clock=clock), CronTicker(clock=clock)
     ctx_1, ctx_2 = contexts(*cron, term=1), contexts(*cron, term=2)
     await asyncio.gather(first.tick(ctx_1), second.tick(ctx_2))
     for _ in range(20):
@@ -204,9 +192,9 @@ async def test_a_slot_read_by_two_leaders_fires_once_even_after_its_job_complete
     # Leader 1 and leader 2 both read the schedule; leader 1 fires and its job
     # completes (freeing the unique key) before leader 2 fires: the compare-and-set on
     # last_slot, not the unique key, stops leader 2.
-    clock = Clock(utc(2026, 5, 1, 10, 0, 30))
+    clock = FakeClock(utc(2026, 5, 1, 10, 0, 30))
     cron = entry("a", "* * * * *", catch_up="all")
-    first, second = CronTicker(now_override=clock), CronTicker(now_override=clock)
+    first, second = CronTicker(clock=clock), CronTicker(clock=clock)
     ctx_1, ctx_2 = contexts(cron, term=1), contexts(cron, term=2)
     await first.tick(ctx_1)
     clock.advance(minutes=2)
@@ -224,14 +212,14 @@ async def test_a_slot_read_by_two_leaders_fires_once_even_after_its_job_complete
 async def test_a_deposed_leader_fires_and_syncs_nothing(
     conn: asyncpg.Connection, schema: str, contexts: Contexts
 ) -> None:
-    clock = Clock(utc(2026, 5, 1, 10, 0, 30))
+    clock = FakeClock(utc(2026, 5, 1, 10, 0, 30))
     leader = contexts(entry("a", "* * * * *"))
-    await CronTicker(now_override=clock).tick(leader)
+    await CronTicker(clock=clock).tick(leader)
     clock.advance(minutes=1)
     deposed = contexts(entry("a", "* * * * *"), entry("new", "* * * * *"), deposed=True)
 
     with pytest.raises(Deposed):
-        await CronTicker(now_override=clock).tick(deposed)
+        await CronTicker(clock=clock).tick(deposed)
 
     assert await jobs(conn, schema) == []
     assert await cron_row(conn, schema, "new") is None
@@ -243,17 +231,17 @@ async def test_a_deposed_leader_fires_and_syncs_nothing(
 async def test_a_completed_cron_job_does_not_fire_its_slot_again(
     conn: asyncpg.Connection, schema: str, contexts: Contexts
 ) -> None:
-    clock = Clock(utc(2026, 5, 1, 10, 0, 30))
-    ticker = CronTicker(now_override=clock)
+    clock = FakeClock(utc(2026, 5, 1, 10, 0, 30))
+    ticker = CronTicker(clock=clock)
     ctx = contexts(entry("a", "*/5 * * * *", catch_up="all"))
     await ticker.tick(ctx)
-    clock.now = utc(2026, 5, 1, 10, 5, 1)
+    clock.set(utc(2026, 5, 1, 10, 5, 1))
     await ticker.tick(ctx)
     assert len(await jobs(conn, schema)) == 1
     await conn.execute(f"DELETE FROM {schema}.job")  # completed: its unique key is free
 
     for _ in range(3):
-        await CronTicker(now_override=clock).tick(ctx)  # even a fresh ticker (a new leader)
+        await CronTicker(clock=clock).tick(ctx)  # even a fresh ticker (a new leader)
         clock.advance(seconds=10)
 
     assert await jobs(conn, schema) == []
@@ -262,13 +250,13 @@ async def test_a_completed_cron_job_does_not_fire_its_slot_again(
 async def test_config_sync_adds_changes_and_removes(
     conn: asyncpg.Connection, schema: str, contexts: Contexts, caplog: pytest.LogCaptureFixture
 ) -> None:
-    clock = Clock(utc(2026, 5, 1, 10, 0, 30))
-    ticker = CronTicker(now_override=clock)
+    clock = FakeClock(utc(2026, 5, 1, 10, 0, 30))
+    ticker = CronTicker(clock=clock)
     await conn.execute(
         f"INSERT INTO {schema}.cron (name, schedule, kind, source, updated_at) VALUES "
         "('from_api', '0 * * * *', 'report', 'api', $1), "
         "('taken', '0 * * * *', 'report', 'api', $1)",
-        clock.now,
+        clock.now(),
     )
     await ticker.tick(contexts(entry("keep", "* * * * *"), entry("drop", "* * * * *")))
     clock.advance(minutes=1)
@@ -288,7 +276,7 @@ async def test_config_sync_adds_changes_and_removes(
     assert (keep["schedule"], keep["timezone"], keep["last_slot"]) == (
         "0 3 * * *", "Europe/London", None,
     )  # fmt: skip  # a new schedule starts afresh
-    assert keep["updated_at"] == clock.now
+    assert keep["updated_at"] == clock.now()
     assert msgspec.json.decode(keep["args"]) == {"v": 2}
     assert names["added"]["source"] == "config"
     assert names["from_api"]["source"] == "api"
@@ -306,16 +294,16 @@ async def test_config_sync_adds_changes_and_removes(
 async def test_bad_api_rows_are_logged_once_and_skipped(
     conn: asyncpg.Connection, schema: str, contexts: Contexts, caplog: pytest.LogCaptureFixture
 ) -> None:
-    clock = Clock(utc(2026, 5, 1, 10, 0, 30))
+    clock = FakeClock(utc(2026, 5, 1, 10, 0, 30))
     await conn.execute(
         f"INSERT INTO {schema}.cron (name, schedule, timezone, kind, source, updated_at) "
         "VALUES ('bad_schedule', '61 * * * *', 'UTC', 'report', 'api', $1), "
         "('bad_zone', '* * * * *', 'Mars/Olympus_Mons', 'report', 'api', $1), "
         "('bad_kind', '* * * * *', 'UTC', 'no spaces allowed', 'api', $1), "
         "('good', '* * * * *', 'UTC', 'report', 'api', $1)",
-        clock.now,
+        clock.now(),
     )
-    ticker = CronTicker(now_override=clock)
+    ticker = CronTicker(clock=clock)
     ctx = contexts()
     caplog.set_level(logging.INFO, logger="pgjobd.roles.cron")
     for _ in range(3):
@@ -334,8 +322,8 @@ async def test_bad_api_rows_are_logged_once_and_skipped(
 async def test_trigger_enqueues_now_without_touching_the_slots(
     conn: asyncpg.Connection, schema: str, contexts: Contexts
 ) -> None:
-    clock = Clock(utc(2026, 5, 1, 10, 0, 30))
-    ticker = CronTicker(now_override=clock)
+    clock = FakeClock(utc(2026, 5, 1, 10, 0, 30))
+    ticker = CronTicker(clock=clock)
     ctx = contexts(entry("nightly", "0 3 * * *"))
     await ticker.tick(ctx)
     queries = for_schema(schema)

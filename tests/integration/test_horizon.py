@@ -12,8 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pgjobd.clock import FakeClock
 from pgjobd.roles import RoleContext
 from pgjobd.roles.horizon import HorizonWatchdog, held_since_s
+from tests.e2e.conftest import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -46,9 +48,20 @@ async def test_an_open_transaction_is_named_as_the_culprit(
         tx = culprit.transaction(isolation="repeatable_read")
         await tx.start()
         await culprit.fetchval("SELECT pg_current_xact_id()")  # an xid, and a snapshot
-        watchdog = HorizonWatchdog(held_warn_s=1.0)
+
+        # Sessions of other tests (the database is shared) may pin an older xmin for a
+        # moment: wait until theirs have ended and the culprit is the oldest holder.
+        async def culprit_oldest() -> bool:
+            oldest = await leading.queries.horizon_holders(leading.pool, 1, None)
+            return oldest[0].pid == culprit.get_server_pid()
+
+        await wait_until(culprit_oldest, 30, "the culprit to hold the oldest xmin")
+        # The watchdog's time starts when the culprit's transaction has started, and
+        # moves on 1.5 s without anyone waiting for it.
+        clock = FakeClock(await culprit.fetchval("SELECT statement_timestamp()"))
+        watchdog = HorizonWatchdog(held_warn_s=1.0, clock=clock)
         await watchdog.tick(leading)  # starts the xid clock
-        await anyio.sleep(1.5)
+        clock.advance(seconds=1.5)
         with caplog.at_level(logging.WARNING, logger="pgjobd.roles.horizon"):
             await watchdog.tick(leading)
         await tx.rollback()
@@ -108,7 +121,8 @@ async def test_dead_rows_on_the_hot_table_are_reported(
     )
     await conn.execute(f"DELETE FROM {schema}.job WHERE id % 10 <> 0")
     await conn.execute("SELECT pg_stat_force_next_flush()")
-    watchdog = HorizonWatchdog(dead_rows_warn=1000, dead_rows_for_s=0.5)
+    clock = FakeClock(await conn.fetchval("SELECT now()"))
+    watchdog = HorizonWatchdog(dead_rows_warn=1000, dead_rows_for_s=0.5, clock=clock)
 
     def warned() -> bool:
         return any("dead rows" in r.getMessage() for r in caplog.records)
@@ -118,7 +132,8 @@ async def test_dead_rows_on_the_hot_table_are_reported(
             await watchdog.tick(leading)
             if warned():
                 break
-            await anyio.sleep(0.2)
+            clock.advance(seconds=1)  # the watchdog's time: past dead_rows_for_s at once
+            await anyio.sleep(0.2)  # the server's time, for the statistics to arrive
 
     reading = watchdog.last
     assert reading is not None
