@@ -51,18 +51,25 @@ class Rendered(Protocol):
     def sql(self, name: str) -> str: ...
 
 
-def rows_of(row_type: Callable[..., R], records: Iterable[asyncpg.Record]) -> list[R]:
-    return [row_type(*record) for record in records]
+def _maker(row_type: type[R]) -> Callable[[Iterable[Any]], R]:
+    """A NamedTuple class's `_make`: half the cost of ``row_type(*record)``."""
+    make: Callable[[Iterable[Any]], R] = row_type._make  # type: ignore[attr-defined]
+    return make
 
 
-def row_of(row_type: Callable[..., R], record: asyncpg.Record | None) -> R | None:
-    return None if record is None else row_type(*record)
+def rows_of(row_type: type[R], records: Iterable[asyncpg.Record]) -> list[R]:
+    make = _maker(row_type)
+    return [make(record) for record in records]
 
 
-def one_row(name: str, row_type: Callable[..., R], record: asyncpg.Record | None) -> R:
+def row_of(row_type: type[R], record: asyncpg.Record | None) -> R | None:
+    return None if record is None else _maker(row_type)(record)
+
+
+def one_row(name: str, row_type: type[R], record: asyncpg.Record | None) -> R:
     if record is None:
         raise AssertionError(f"statement {name} returned no row")
-    return row_type(*record)
+    return _maker(row_type)(record)
 
 
 def columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
