@@ -55,53 +55,51 @@ TICK_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
 
 # -- jobs -------------------------------------------------------------------------------
 
-JOBS_CLAIMED = Counter(
-    "pgjobd_jobs_claimed_total", "Jobs claimed by this member (each attempt once).",
-    ["queue", "kind"], registry=REGISTRY,
-)  # fmt: skip
+
+def _per_kind(name: str, documentation: str) -> Counter:
+    """A job counter labelled by queue and kind."""
+    return Counter(name, documentation, ["queue", "kind"], registry=REGISTRY)
+
+
+JOBS_CLAIMED = _per_kind(
+    "pgjobd_jobs_claimed_total", "Jobs claimed by this member (each attempt once)."
+)
 JOBS_THROTTLED = Counter(
     "pgjobd_jobs_throttled_total",
     "Claims by this member that a fleet-wide limit held back while jobs were available "
     "(limit: global_concurrency, rate_limit, kind_global_concurrency, kind_rate_limit).",
     ["queue", "limit"], registry=REGISTRY,
 )  # fmt: skip
-JOBS_COMPLETED = Counter(
-    "pgjobd_jobs_completed_total", "Jobs whose handler returned, as recorded.",
-    ["queue", "kind"], registry=REGISTRY,
-)  # fmt: skip
-JOBS_FAILED = Counter(
+JOBS_COMPLETED = _per_kind(
+    "pgjobd_jobs_completed_total", "Jobs whose handler returned, as recorded."
+)
+JOBS_FAILED = _per_kind(
     "pgjobd_jobs_failed_total",
     "Failed attempts, as recorded: the handler raised (incl. Retry, Discard), timed out, "
     "had invalid args or an unknown kind, or its worker crashed.",
-    ["queue", "kind"], registry=REGISTRY,
-)  # fmt: skip
-JOBS_RETRIED = Counter(
-    "pgjobd_jobs_retried_total", "Failed attempts after which the job will run again.",
-    ["queue", "kind"], registry=REGISTRY,
-)  # fmt: skip
-JOBS_SNOOZED = Counter(
-    "pgjobd_jobs_snoozed_total", "Attempts that snoozed (not counted as an attempt).",
-    ["queue", "kind"], registry=REGISTRY,
-)  # fmt: skip
-JOBS_DISCARDED = Counter(
-    "pgjobd_jobs_discarded_total", "Jobs the handler discarded (Discard or discard_on).",
-    ["queue", "kind"], registry=REGISTRY,
-)  # fmt: skip
+)
+JOBS_RETRIED = _per_kind(
+    "pgjobd_jobs_retried_total", "Failed attempts after which the job will run again."
+)
+JOBS_SNOOZED = _per_kind(
+    "pgjobd_jobs_snoozed_total", "Attempts that snoozed (not counted as an attempt)."
+)
+JOBS_DISCARDED = _per_kind(
+    "pgjobd_jobs_discarded_total", "Jobs the handler discarded (Discard or discard_on)."
+)
 JOBS_DEAD = Counter(
     "pgjobd_jobs_dead_total",
     "Jobs that ended dead, by reason (attempts_exhausted, worker_crash, discarded, "
     "invalid_args, unknown_kind), as recorded by this member.",
     ["queue", "kind", "reason"], registry=REGISTRY,
 )  # fmt: skip
-JOBS_QUARANTINED = Counter(
+JOBS_QUARANTINED = _per_kind(
     "pgjobd_jobs_quarantined_total",
     "Jobs made dead for killing their worker max_crashes times (poison pills).",
-    ["queue", "kind"], registry=REGISTRY,
-)  # fmt: skip
-JOBS_CANCELLED = Counter(
-    "pgjobd_jobs_cancelled_total", "Running jobs that ended cancelled by an admin.",
-    ["queue", "kind"], registry=REGISTRY,
-)  # fmt: skip
+)
+JOBS_CANCELLED = _per_kind(
+    "pgjobd_jobs_cancelled_total", "Running jobs that ended cancelled by an admin."
+)
 JOBS_GIVEN_BACK = Counter(
     "pgjobd_jobs_given_back_total",
     "Jobs handed back unfinished (drain), available again with the attempt uncharged.",
