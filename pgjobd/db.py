@@ -141,12 +141,12 @@ async def _set_settings(conn: asyncpg.Connection, settings: Mapping[str, str]) -
 
 
 def _route_options(
-    config: Config, route: _Route, application_name: str, *, bounded: bool = True
+    config: Config, pooler: Pooler, application_name: str, *, bounded: bool = True
 ) -> dict[str, Any]:
     return {
         "timeout": config.database.connect_timeout.total_seconds(),
         **settings_options(
-            server_settings(config, application_name), route.pooler,
+            server_settings(config, application_name), pooler,
             config.database.statement_timeout, bounded=bounded,
         ),
     }  # fmt: skip
@@ -157,7 +157,7 @@ def connect_options(config: Config, application_name: str = "pgjobd") -> dict[st
     timeout, the session settings (or what a pooler takes of them), the statement cache
     and the client-side bound. Through a session-mode pool they hold an `init` to run
     on each new connection (create_pool and connect_session do)."""
-    return _route_options(config, _pool_route(config), application_name)
+    return _route_options(config, config.database.pooler, application_name)
 
 
 async def create_pool(
@@ -186,7 +186,7 @@ async def connect(
     state), else on the DSN and its pooler. Not `bounded`: no client-side limit on a
     statement's answer (migrate's, which set their own statement_timeout)."""
     route = _session_route(config) if session else _pool_route(config)
-    options = _route_options(config, route, application_name, bounded=bounded)
+    options = _route_options(config, route.pooler, application_name, bounded=bounded)
     init = options.pop("init", None)
     conn: asyncpg.Connection = await asyncpg.connect(route.dsn, **options)
     if init is not None:
