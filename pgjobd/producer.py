@@ -50,7 +50,7 @@ BATCH_WINDOW_S = 0.002
 FLOW_RECHECK_S = 1.0
 # After one of this member's jobs ended under a limit: time for the completer to record
 # it (it flushes within 5 ms) before claiming its place.
-ROOM_SETTLE_S = 0.01
+ROOM_SETTLE_S = 0.025
 
 
 class Workers(Protocol):
