@@ -186,7 +186,8 @@ AS $$
       AND NOT EXISTS (SELECT FROM {{schema}}.job AS r
                       WHERE r.queue = claim_queue AND r.group_key = k.g
                         AND r.state = 'running')
-    ORDER BY k.n
+    -- No ORDER BY: sorting would walk every group before the first row; the walk
+    -- yields groups in key order, and `turn` numbers them for the caller.
     LIMIT wanted
 $$;
 
