@@ -186,8 +186,7 @@ AS $$
       AND NOT EXISTS (SELECT FROM {{schema}}.job AS r
                       WHERE r.queue = claim_queue AND r.group_key = k.g
                         AND r.state = 'running')
-    -- No ORDER BY: sorting would walk every group before the first row; the walk
-    -- yields groups in key order, and `turn` numbers them for the caller.
+    ORDER BY k.n
     LIMIT wanted
 $$;
 
