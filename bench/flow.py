@@ -38,7 +38,7 @@ from pathlib import Path
 import asyncpg
 
 from pgjobd.migrate import migrate
-from pgjobd.queries import for_schema
+from pgjobd.queries import Queries, for_schema
 
 SCHEMA = "bench_flow"
 LEASE = timedelta(seconds=60)
@@ -91,7 +91,7 @@ async def setup_claim(conn: asyncpg.Connection, mode: str, n: int) -> None:
     await conn.execute(f"ANALYZE {SCHEMA}.job")
 
 
-async def claim_loop(dsn: str, statement: str, q: dict[str, str], out: list[float]) -> int:
+async def claim_loop(dsn: str, statement: str, q: Queries, out: list[float]) -> int:
     conn = await asyncpg.connect(dsn)
     done = 0
     empty = 0
@@ -118,8 +118,7 @@ async def claim_loop(dsn: str, statement: str, q: dict[str, str], out: list[floa
 
 async def claim_part(dsn: str, reps: int, n: int, sessions: int) -> dict[str, list[float]]:
     conn = await fresh_schema(dsn)
-    rendered = for_schema(SCHEMA)
-    q = {name: rendered[name] for name in ("job_claim", "job_claim_flow", "job_complete_many")}
+    q = for_schema(SCHEMA)
     new_guard, old_guard = FLOW_GUARD.format(s=SCHEMA), OLD_GUARD.format(s=SCHEMA)
     assert new_guard in q.sql("job_claim"), "the flow guard of job_claim has changed"
     statements = {

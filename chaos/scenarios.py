@@ -309,6 +309,8 @@ async def limits_faults(run: Run) -> None:
             if leader is not None:
                 await _kill_and_restart(run, leader, "kill-9-leader")
         else:
+            # A member handles SIGHUP once it has joined; a restarted one may not have yet.
+            await run.wait_members_ready()
             targets = run.live_members()
 
             async def inject(ms: list[Member] = targets) -> None:

@@ -49,8 +49,9 @@ MAX_POLL_S = 1.0
 BATCH_WINDOW_S = 0.002
 FLOW_RECHECK_S = 1.0
 # After one of this member's jobs ended under a limit: time for the completer to record
-# it (it flushes within 5 ms) before claiming its place.
-ROOM_SETTLE_S = 0.01
+# it (it flushes within 5 ms), and for more of them to end, before claiming: a claim per
+# freed place serialises the fleet on the limit's lock (measured: bench/flow.py).
+ROOM_SETTLE_S = 0.025
 
 
 class Workers(Protocol):
