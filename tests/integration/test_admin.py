@@ -20,11 +20,11 @@ import pytest
 
 from pgjobd import admin
 from pgjobd.client import Client
-from tests.e2e.conftest import MemberProcess, start_member, wait_until
+from tests.e2e.conftest import MemberProcess, pgbouncer, route, start_member, wait_until
 
 pytestmark = pytest.mark.anyio
 
-__all__ = ["start_member"]  # a fixture: imported to be used here
+__all__ = ["pgbouncer", "route", "start_member"]  # fixtures: imported to be used here
 
 OS_USER = "admin-test-user"
 
