@@ -88,7 +88,7 @@ async def test_every_admin_action_records_who_and_its_arguments(
         {"ids": [first, second]},
         {"queue": "default", "paused": True},
         {"queue": "default", "paused": False},
-        {"kind": "k", "queue": None, "since": 3600.0},
+        {"kind": "k", "queue": None, "since": 3600.0, "fingerprint": None},
         {"name": "nightly"},
     ]
     assert rows[5]["job_ids"] == [triggered.id]
