@@ -151,10 +151,12 @@ class QueueWorkers:
         grace_s: float = 5.0,
         boot_timeout_s: float = BOOT_TIMEOUT_S,
         env: Mapping[str, str] | None = None,
+        middleware: Sequence[str] = (),
     ) -> None:
         self.queue = queue
         self.config = config
         self.handler_dirs = [Path(d) for d in handler_dirs]
+        self.middleware = list(middleware)  # "module:callable" names, outermost first
         self.outcomes = outcomes
         self.grace_s = grace_s
         self.boot_timeout_s = boot_timeout_s
@@ -367,6 +369,8 @@ class QueueWorkers:
         for directory in self.handler_dirs:
             command += ["--handler-dir", str(directory)]
         command += ["--slots", str(slots)]
+        for name in self.middleware:
+            command += ["--middleware", name]
         _tree.spawning += 1
         try:
             process = await anyio.open_process(

@@ -117,6 +117,7 @@ class Generations:
                     env=pgjobd_log.worker_env(
                         config.daemon.log_format, config.daemon.log_level, member_id
                     ),
+                    middleware=config.daemon.middleware,
                 )
                 for name, queue in config.queues.items()
             },
