@@ -10,10 +10,11 @@ defaults (``job_defaults``), which measured faster (bench/enqueue.py).
 from __future__ import annotations
 
 import re
+import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, Literal, NamedTuple, Self, TypeVar
+from typing import Any, Literal, NamedTuple, Self, TypedDict, TypeVar, Unpack, overload
 
 import anyio.from_thread
 import asyncpg
@@ -23,7 +24,14 @@ from pgjobd import admin, errors, migrate
 from pgjobd.config import MAX_ARGS_BYTES
 from pgjobd.duration import to_timedelta
 from pgjobd.errors import DuplicateJob, EnqueueError
-from pgjobd.handler_api import ArgsError, DurationLike, validate_args
+from pgjobd.handler_api import (
+    ArgsError,
+    DurationLike,
+    HandlerSpec,
+    JobContext,
+    handler_spec,
+    validate_args,
+)
 from pgjobd.handler_loader import Registry
 from pgjobd.names import kind_name_problem, queue_name_problem, schema_name_problem
 from pgjobd.queries import Queries, for_schema
@@ -51,6 +59,23 @@ _json_encoder = msgspec.json.Encoder()
 # number means the backslash itself is escaped and "u0000" is plain text).
 _NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+A = TypeVar("A")
+
+
+class EnqueueOptions(TypedDict, total=False):
+    """The keyword options of `Client.enqueue` (for its typed overloads)."""
+
+    queue: str | None
+    priority: int | None
+    delay: DurationLike | None
+    run_at: datetime | None
+    tenant: str | None
+    unique_key: str | None
+    max_attempts: int | None
+    on_conflict: OnConflict
+    conn: asyncpg.Connection | None
 
 
 class JobSpec(msgspec.Struct, frozen=True):
@@ -156,6 +181,11 @@ class Client:
             raise
         return client
 
+    @property
+    def queries(self) -> Queries:
+        """The named statements, rendered for this client's schema."""
+        return self._q
+
     async def __aenter__(self) -> Self:
         return self
 
@@ -178,9 +208,24 @@ class Client:
                 await migrate.check_schema(conn, self.schema)
             self._schema_checked = True
 
+    @overload
+    async def enqueue(
+        self, kind: Callable[[A, JobContext], Any], args: A, **options: Unpack[EnqueueOptions]
+    ) -> int: ...
+
+    @overload
+    async def enqueue(
+        self, kind: Callable[[A], Any], args: A, **options: Unpack[EnqueueOptions]
+    ) -> int: ...
+
+    @overload
+    async def enqueue(
+        self, kind: str, args: Any = None, **options: Unpack[EnqueueOptions]
+    ) -> int: ...
+
     async def enqueue(
         self,
-        kind: str,
+        kind: str | Callable[..., Any],
         args: Any = None,
         *,
         queue: str | None = None,
@@ -195,14 +240,23 @@ class Client:
     ) -> int:
         """Enqueue one job and return its id.
 
+        `kind` is a kind's name, or a handler (a function decorated with @job): then its
+        kind, with args checked against its args type (statically by a type checker, at
+        run time here) and its declared queue, priority and max_attempts as defaults.
         A live job with the same unique_key makes this return that job's id without
         writing anything (or raise DuplicateJob with ``on_conflict="raise"``). With
         ``conn``, the job is written in that connection's current transaction.
         """
-        spec = JobSpec(kind, {} if args is None else args, queue=queue, priority=priority,
-                       delay=delay, run_at=run_at, tenant=tenant, unique_key=unique_key,
-                       max_attempts=max_attempts)  # fmt: skip
-        job = self._check(spec, position=None)
+        handler = _handler_of(kind, args, position=None)
+        if handler is not None:
+            kind = handler.kind
+            queue = handler.queue if queue is None else queue
+            priority = handler.priority if priority is None else priority
+            max_attempts = handler.max_attempts if max_attempts is None else max_attempts
+        spec = JobSpec(typing.cast(str, kind), {} if args is None else args, queue=queue,
+                       priority=priority, delay=delay, run_at=run_at, tenant=tenant,
+                       unique_key=unique_key, max_attempts=max_attempts)  # fmt: skip
+        job = self._check(spec, position=None, handler=handler)
         _check_on_conflict(on_conflict)
         await self.check_schema()
         return await self._run(
@@ -215,7 +269,7 @@ class Client:
 
     async def enqueue_many(
         self,
-        jobs: Iterable[JobSpec | tuple[str, Any]],
+        jobs: Iterable[JobSpec | tuple[str | Callable[..., Any], Any]],
         *,
         queue: str | None = None,
         priority: int | None = None,
@@ -229,7 +283,8 @@ class Client:
     ) -> list[int]:
         """Enqueue many jobs in one transaction; returns their ids in input order.
 
-        Items are ``(kind, args)`` tuples or `JobSpec` values; the keyword options apply
+        Items are ``(kind, args)`` tuples (the kind a name or a handler, whose args are
+        then checked against its args type) or `JobSpec` values; the keyword options apply
         to items that leave them unset. Either every job is written or none is.
         """
         defaults: dict[str, Any] = {
@@ -247,16 +302,20 @@ class Client:
         for position, item in enumerate(jobs, start=1):
             if type(item) is tuple and len(item) == 2:
                 kind, args = item
-                if problem := _kind_problem(kind):
+                handler = _handler_of(kind, args, position)
+                name = handler.kind if handler is not None else typing.cast(str, kind)
+                if problem := _kind_problem(name):
                     raise EnqueueError(f"job {position}: {problem}")
-                args_json = self._encode_args(kind, {} if args is None else args, position)
+                args_json = self._encode_args(name, {} if args is None else args, position,
+                                              handler)  # fmt: skip
                 checked.append(
-                    _Checked(kind, args_json, shared.queue, shared.priority, shared.delay,
+                    _Checked(name, args_json, shared.queue, shared.priority, shared.delay,
                              shared.run_at, shared.tenant, shared.unique_key, shared.max_attempts)
                 )  # fmt: skip
             else:
-                spec = _with_defaults(_as_spec(item, position), defaults)
-                checked.append(self._check(spec, position))
+                spec, handler = _as_spec(item, position)
+                spec = _with_defaults(spec, defaults)
+                checked.append(self._check(spec, position, handler))
         if not checked:
             return []
         await self.check_schema()
@@ -306,14 +365,18 @@ class Client:
 
     # -- checks ---------------------------------------------------------------------
 
-    def _check(self, spec: JobSpec, position: int | None) -> _Checked:
+    def _check(
+        self, spec: JobSpec, position: int | None, handler: HandlerSpec | None = None
+    ) -> _Checked:
         reject = _rejecter(position)
         if problem := _kind_problem(spec.kind):
             raise reject(problem)
-        args_json = self._encode_args(spec.kind, spec.args, position)
+        args_json = self._encode_args(spec.kind, spec.args, position, handler)
         return _checked_options(spec, reject)._replace(kind=spec.kind, args_json=args_json)
 
-    def _encode_args(self, kind: str, args: Any, position: int | None) -> str:
+    def _encode_args(
+        self, kind: str, args: Any, position: int | None, handler: HandlerSpec | None = None
+    ) -> str:
         """The args as compact JSON text, checked (and against the handler's type)."""
         try:
             encoded = _json_encoder.encode(args)
@@ -335,12 +398,13 @@ class Client:
             )
         if _too_deep(encoded):
             raise _rejecter(position)(_TOO_DEEP)
-        if self.handlers is not None:
-            reject = _rejecter(position)
+        if handler is None and self.handlers is not None:
             handler = self.handlers.get(kind)
             if handler is None:
                 known = ", ".join(self.handlers.kinds()) or "none"
-                raise reject(f"unknown kind {kind!r}: the handlers given know {known}")
+                raise _rejecter(position)(f"unknown kind {kind!r}: the handlers given know {known}")
+        if handler is not None:
+            reject = _rejecter(position)
             try:
                 validate_args(handler, msgspec.json.decode(encoded))
             except ArgsError as e:
@@ -470,17 +534,44 @@ def _translated(error: asyncpg.PostgresError) -> Exception:
     return error  # type: ignore[no-any-return]  # asyncpg is untyped
 
 
+def _handler_of(kind: object, args: object, position: int | None) -> HandlerSpec | None:
+    """The handler spec when `kind` is a handler function (None for a kind's name), with
+    `args` checked to be of its args type when that is a class (a Struct, a dataclass)."""
+    if isinstance(kind, str):
+        return None
+    spec = handler_spec(kind)
+    if spec is None:
+        raise _rejecter(position)(
+            f"kind must be a str or a function decorated with @job, got {_shown(kind)}"
+        )
+    expected = spec.args_type
+    if (
+        isinstance(expected, type)
+        and not typing.is_typeddict(expected)
+        and not isinstance(args, (expected, Mapping))
+    ):
+        raise _rejecter(position)(
+            f"args for {spec.kind!r} must be a {expected.__qualname__} (the args type of "
+            f"{spec.name}) or a mapping, not {type(args).__qualname__}"
+        )
+    return spec
+
+
 def _check_on_conflict(on_conflict: str) -> None:
     if on_conflict not in ("return", "raise"):
         raise EnqueueError(f"on_conflict must be 'return' or 'raise', not {on_conflict!r}")
 
 
-def _as_spec(item: JobSpec | tuple[str, Any], position: int) -> JobSpec:
+def _as_spec(
+    item: JobSpec | tuple[str | Callable[..., Any], Any], position: int
+) -> tuple[JobSpec, HandlerSpec | None]:
     if isinstance(item, JobSpec):
-        return item
+        return item, None
     if isinstance(item, tuple) and len(item) == 2:
         kind, args = item
-        return JobSpec(kind, {} if args is None else args)
+        handler = _handler_of(kind, args, position)
+        name = handler.kind if handler is not None else typing.cast(str, kind)
+        return JobSpec(name, {} if args is None else args), handler
     raise EnqueueError(f"job {position}: expected a JobSpec or a (kind, args) tuple, got {item!r}")
 
 

@@ -41,7 +41,7 @@ from pgjobd.handler_api import (
     Snooze,
     validate_args,
 )
-from pgjobd.handler_loader import PACKAGE_ROOT
+from pgjobd.handler_loader import PACKAGE_ROOT, Registry
 from pgjobd.middleware import Middleware
 from pgjobd.model import ClaimedJob
 from pgjobd.outcome import MAX_MESSAGE_CHARS, MAX_RESULT_BYTES, MAX_TRACEBACK_CHARS
@@ -52,6 +52,27 @@ log = logging.getLogger("pgjobd.worker")
 
 class _TimedOut(Exception):
     pass
+
+
+async def execute(
+    registry: Registry,
+    job: ClaimedJob,
+    timeout_s: float,
+    *,
+    where: str,
+    cancelled: threading.Event | None = None,
+    middleware: Sequence[Middleware] = (),
+) -> Done:
+    """Run one attempt of `job` with its handler in `registry`; `where` names the place
+    for the message of an unknown kind ("this worker of queue 'q'")."""
+    spec = registry.get(job.kind)
+    if spec is None:
+        known = ", ".join(registry.kinds()) or "none"
+        return Done(
+            job.id, job.fence, "unknown_kind", 0.0, error_class="pgjobd.UnknownKind",
+            error_message=f"no handler for kind {job.kind!r} in {where}; known kinds: {known}",
+        )  # fmt: skip
+    return await run_attempt(spec, job, timeout_s, cancelled=cancelled, middleware=middleware)
 
 
 async def run_attempt(

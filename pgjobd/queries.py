@@ -12,8 +12,17 @@ from pgjobd.statements.job import JobStatements
 from pgjobd.statements.leader import LeaderStatements
 from pgjobd.statements.maintenance import MaintenanceStatements
 from pgjobd.statements.member import MemberStatements
+from pgjobd.statements.testing import TestingStatements
 
-QUERY_FILES = ("job.sql", "member.sql", "leader.sql", "cron.sql", "maintenance.sql", "admin.sql")
+QUERY_FILES = (
+    "job.sql",
+    "member.sql",
+    "leader.sql",
+    "cron.sql",
+    "maintenance.sql",
+    "admin.sql",
+    "testing.sql",
+)
 
 
 class Queries(
@@ -23,6 +32,7 @@ class Queries(
     CronStatements,
     MaintenanceStatements,
     AdminStatements,
+    TestingStatements,
 ):
     """The package's named statements with the schema spliced in."""
 

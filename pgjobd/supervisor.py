@@ -579,12 +579,7 @@ class QueueWorkers:
             log.warning("worker %d reported job %d, which it does not hold", child.pid,
                         done.job_id)  # fmt: skip
             return
-        outcome = Outcome(
-            held.job, done.verdict, duration_s=done.duration_s, result=done.result,
-            error_class=done.error_class, error_message=done.error_message,
-            traceback=done.traceback, after_s=done.after_s,
-        )  # fmt: skip
-        await self.outcomes.send(outcome)  # bounded: a slow completer slows us here
+        await self.outcomes.send(done.outcome(held.job))  # bounded: a slow completer slows us here
         # Only now is the slot free: until the outcome is handed over the job is held.
         if child.held.pop(key, None) is None:
             return  # given back meanwhile (at a drain deadline)

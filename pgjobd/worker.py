@@ -56,7 +56,7 @@ import uvloop
 from pgjobd import log as pgjobd_log
 from pgjobd import middleware as pgjobd_middleware
 from pgjobd.errors import ConfigError
-from pgjobd.execution import run_attempt
+from pgjobd.execution import execute
 from pgjobd.handler_api import HandlerSpec
 from pgjobd.handler_loader import Registry, load_directories
 from pgjobd.middleware import Middleware
@@ -249,21 +249,13 @@ class Worker:
             self._channel_broken()
 
     async def execute(self, run: Run) -> Done:
-        """Run one job to its Done (pgjobd.execution); an unknown kind is reported here."""
+        """Run one job to its Done (pgjobd.execution)."""
         job = run.job
-        spec = self.registry.get(job.kind)
-        if spec is None:
-            known = ", ".join(self.registry.kinds()) or "none"
-            return Done(
-                job.id, job.fence, "unknown_kind", 0.0,
-                error_class="pgjobd.UnknownKind",
-                error_message=f"no handler for kind {job.kind!r} in this worker of queue "
-                f"{self.queue!r}; known kinds: {known}",
-            )  # fmt: skip
-        cancelled = self._cancelled.setdefault((job.id, job.fence), threading.Event())
-        return await run_attempt(
-            spec, job, run.timeout_s, cancelled=cancelled, middleware=self.middleware
-        )
+        return await execute(
+            self.registry, job, run.timeout_s, where=f"this worker of queue {self.queue!r}",
+            cancelled=self._cancelled.setdefault((job.id, job.fence), threading.Event()),
+            middleware=self.middleware,
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -29,6 +29,9 @@ from pgjobd.migrate import migrate
 from pgjobd.queries import for_schema
 from pgjobd.roles import RoleContext
 
+# pytester: the testing kit's plugin is tested by running pytest on sample suites.
+pytest_plugins = ("pytester",)
+
 
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
@@ -49,6 +52,13 @@ def dsn() -> Iterator[str]:
             yield cluster.dsn()
         finally:
             SESSION_PIDS.difference_update(session_pids)
+
+
+@pytest.fixture(scope="session")
+def pgjobd_dsn(dsn: str) -> str:
+    """The testing kit's fixtures (pgjobd.testing.plugin) use the session's server
+    instead of starting a cluster of their own."""
+    return dsn
 
 
 @pytest.fixture

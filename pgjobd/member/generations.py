@@ -4,9 +4,11 @@ finishes the jobs it holds, and goes."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import anyio
+import asyncpg
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
@@ -19,6 +21,7 @@ from pgjobd.member import HeldJobs, MemberContext, watched
 from pgjobd.model import KindInfo, Outcome
 from pgjobd.notifier import Notifier
 from pgjobd.producer import Producer
+from pgjobd.queries import Queries
 from pgjobd.statements.member import KindDeclared
 from pgjobd.supervisor import QueueWorkers
 
@@ -140,19 +143,10 @@ class Generations:
 
     async def declare(self, generation: Generation) -> None:
         """Record each kind's effective defaults, for enqueues that name only the kind."""
-        rows = []
-        queues = generation.config.queues
-        for info in generation.kinds:
-            queue = info.queue or DEFAULT_QUEUE
-            queue_config: QueueConfig = queues.get(queue, queues[DEFAULT_QUEUE])
-            rows.append(KindDeclared(
-                info.kind, queue, info.priority or 0,
-                info.max_attempts or queue_config.max_attempts,
-                info.timeout_s or queue_config.timeout.total_seconds(),
-            ))  # fmt: skip
-        if rows:
-            async with db.acquire(self.ctx.pool) as conn:
-                await self.ctx.queries.kind_declare_many(conn, rows, self.ctx.member_id)
+        await declare_kinds(
+            self.ctx.pool, self.ctx.queries, generation.kinds, generation.config.queues,
+            self.ctx.member_id,
+        )  # fmt: skip
 
     async def _run_workers(
         self, generation: Generation, *, task_status: TaskStatus[list[KindInfo]]
@@ -208,3 +202,26 @@ def most_telling(group: BaseExceptionGroup[BaseException]) -> BaseException:
             if isinstance(leaf, wanted):
                 return leaf
     return leaves[0]
+
+
+async def declare_kinds(
+    pool: asyncpg.Pool,
+    queries: Queries,
+    kinds: Sequence[KindInfo],
+    queues: Mapping[str, QueueConfig],
+    member_id: str,
+) -> None:
+    """Record each kind's effective defaults (its own, else its queue's), as a member
+    does for its handlers' kinds when its workers start."""
+    rows = []
+    for info in kinds:
+        queue = info.queue or DEFAULT_QUEUE
+        queue_config = queues.get(queue, queues[DEFAULT_QUEUE])
+        rows.append(KindDeclared(
+            info.kind, queue, info.priority or 0,
+            info.max_attempts or queue_config.max_attempts,
+            info.timeout_s or queue_config.timeout.total_seconds(),
+        ))  # fmt: skip
+    if rows:
+        async with db.acquire(pool) as conn:
+            await queries.kind_declare_many(conn, rows, member_id)
