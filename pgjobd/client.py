@@ -478,11 +478,13 @@ class SyncClient:
             self._portal_cm.__exit__(None, None, None)
             raise
 
-    def enqueue(self, kind: str, args: Any = None, **options: Any) -> int:
+    def enqueue(self, kind: str | Callable[..., Any], args: Any = None, **options: Any) -> int:
         result: int = self._portal.call(lambda: self._client.enqueue(kind, args, **options))
         return result
 
-    def enqueue_many(self, jobs: Iterable[JobSpec | tuple[str, Any]], **options: Any) -> list[int]:
+    def enqueue_many(
+        self, jobs: Iterable[JobSpec | tuple[str | Callable[..., Any], Any]], **options: Any
+    ) -> list[int]:
         items = list(jobs)
         result: list[int] = self._portal.call(lambda: self._client.enqueue_many(items, **options))
         return result
