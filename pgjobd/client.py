@@ -20,7 +20,7 @@ import anyio.from_thread
 import asyncpg
 import msgspec
 
-from pgjobd import admin, errors, migrate
+from pgjobd import admin, errors, migrate, tracing
 from pgjobd.config import MAX_ARGS_BYTES
 from pgjobd.duration import to_timedelta
 from pgjobd.errors import DuplicateJob, EnqueueError
@@ -53,6 +53,7 @@ T = TypeVar("T")
 _STAGE = "pgjobd_enqueue_stage"
 _STAGE_COLUMNS = (
     "ord", "kind", "args", "queue", "priority", "run_at", "delay", "tenant", "max_attempts",
+    "trace_context",
 )  # fmt: skip
 _json_encoder = msgspec.json.Encoder()
 # A "\u0000" escape in JSON text: preceded by an even number of backslashes (an odd
@@ -259,13 +260,16 @@ class Client:
         job = self._check(spec, position=None, handler=handler)
         _check_on_conflict(on_conflict)
         await self.check_schema()
-        return await self._run(
-            conn,
-            lambda c: self._q.job_enqueue(
-                c, job.kind, job.args_json, job.queue, job.priority, job.run_at, job.tenant,
-                job.unique_key, job.max_attempts, job.delay, on_conflict,
-            ),
-        )  # fmt: skip
+        with tracing.enqueue_span(job.kind, job.queue) as trace_context:
+            trace_json = _trace_json(trace_context)
+            job_id: int = await self._run(
+                conn,
+                lambda c: self._q.job_enqueue(
+                    c, job.kind, job.args_json, job.queue, job.priority, job.run_at, job.tenant,
+                    job.unique_key, job.max_attempts, job.delay, on_conflict, trace_json,
+                ),
+            )  # fmt: skip
+        return job_id
 
     async def enqueue_many(
         self,
@@ -319,9 +323,18 @@ class Client:
         if not checked:
             return []
         await self.check_schema()
-        if any(job.unique_key is not None for job in checked):
-            return await self._insert_through_function(checked, on_conflict, conn)
-        return await self._copy(checked, conn)
+        kinds = {job.kind for job in checked}
+        queues = {job.queue for job in checked}
+        with tracing.enqueue_span(
+            kinds.pop() if len(kinds) == 1 else "(many)",
+            queues.pop() if len(queues) == 1 else None,
+            len(checked),
+        ) as trace_context:
+            # One context for the batch: every job was enqueued in the same span.
+            trace_json = _trace_json(trace_context)
+            if any(job.unique_key is not None for job in checked):
+                return await self._insert_through_function(checked, on_conflict, conn, trace_json)
+            return await self._copy(checked, conn, trace_json)
 
     async def job(self, job_id: int) -> JobInfo | None:
         """The job with this id, live or finished, or None if there is none."""
@@ -414,31 +427,40 @@ class Client:
     # -- writing --------------------------------------------------------------------
 
     async def _insert_through_function(
-        self, jobs: Sequence[_Checked], on_conflict: OnConflict, conn: asyncpg.Connection | None
+        self,
+        jobs: Sequence[_Checked],
+        on_conflict: OnConflict,
+        conn: asyncpg.Connection | None,
+        trace_json: str | None,
     ) -> list[int]:
         rows = [
             EnqueueRow(j.kind, j.args_json, j.queue, j.priority, j.run_at, j.delay, j.tenant,
                        j.unique_key, j.max_attempts)
             for j in jobs
         ]  # fmt: skip
-        return await self._run(conn, lambda c: self._q.job_enqueue_many(c, rows, on_conflict))
+        contexts = None if trace_json is None else [trace_json] * len(jobs)
+        return await self._run(
+            conn, lambda c: self._q.job_enqueue_many(c, rows, on_conflict, contexts)
+        )
 
-    async def _copy(self, jobs: Sequence[_Checked], conn: asyncpg.Connection | None) -> list[int]:
+    async def _copy(
+        self, jobs: Sequence[_Checked], conn: asyncpg.Connection | None, trace_json: str | None
+    ) -> list[int]:
         if conn is not None:
             async with conn.transaction():
-                return await self._copy_in_transaction(conn, jobs)
+                return await self._copy_in_transaction(conn, jobs, trace_json)
         async with self.pool.acquire() as own, own.transaction():
-            return await self._copy_in_transaction(own, jobs)
+            return await self._copy_in_transaction(own, jobs, trace_json)
 
     async def _copy_in_transaction(
-        self, conn: asyncpg.Connection, jobs: Sequence[_Checked]
+        self, conn: asyncpg.Connection, jobs: Sequence[_Checked], trace_json: str | None
     ) -> list[int]:
         """COPY the jobs into the session's staging table, then insert them from there
         with the SQL functions' own defaults (job_defaults)."""
         await self._q.job_stage_create(conn)
         records = [
             (ord_, j.kind, j.args_json, j.queue, j.priority, j.run_at, j.delay, j.tenant,
-             j.max_attempts)
+             j.max_attempts, trace_json)
             for ord_, j in enumerate(jobs, start=1)
         ]  # fmt: skip
         await conn.copy_records_to_table(
@@ -557,6 +579,10 @@ def _handler_of(kind: object, args: object, position: int | None) -> HandlerSpec
             f"{spec.name}) or a mapping, not {type(args).__qualname__}"
         )
     return spec
+
+
+def _trace_json(trace_context: Mapping[str, str] | None) -> str | None:
+    return None if trace_context is None else _json_encoder.encode(trace_context).decode()
 
 
 def _check_on_conflict(on_conflict: str) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 import msgspec
 
 from pgjobd import log as pgjobd_log
+from pgjobd import tracing
 from pgjobd.handler_api import (
     ArgsError,
     Discard,
@@ -65,6 +66,29 @@ async def execute(
 ) -> Done:
     """Run one attempt of `job` with its handler in `registry`; `where` names the place
     for the message of an unknown kind ("this worker of queue 'q'")."""
+    if not tracing.in_use():
+        return await _execute(
+            registry, job, timeout_s, where=where, cancelled=cancelled, middleware=middleware
+        )
+    async with tracing.run_span(
+        job.kind, job.id, job.queue, job.attempt, job.trace_context
+    ) as outcome:
+        done = await _execute(
+            registry, job, timeout_s, where=where, cancelled=cancelled, middleware=middleware
+        )
+        outcome(done.verdict, done.error_message)
+    return done
+
+
+async def _execute(
+    registry: Registry,
+    job: ClaimedJob,
+    timeout_s: float,
+    *,
+    where: str,
+    cancelled: threading.Event | None,
+    middleware: Sequence[Middleware],
+) -> Done:
     spec = registry.get(job.kind)
     if spec is None:
         known = ", ".join(registry.kinds()) or "none"

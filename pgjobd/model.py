@@ -40,6 +40,8 @@ class ClaimedJob(msgspec.Struct, frozen=True):
     enqueued_at: datetime
     scheduled_at: datetime  # run_at: when the job was due
     args: bytes  # the JSON text, decoded only in the worker process
+    # The W3C trace context stored at enqueue (pgjobd.tracing), or None.
+    trace_context: dict[str, str] | None = None
 
 
 class Outcome(msgspec.Struct, frozen=True):

@@ -4,17 +4,19 @@
 -- One job through the SQL function; the args travel as JSON text, so the size limit
 -- applies to exactly what was sent.
 -- $1 kind, $2 args (JSON text), $3 queue, $4 priority, $5 run_at, $6 tenant,
--- $7 unique_key, $8 max_attempts, $9 delay, $10 on_conflict
+-- $7 unique_key, $8 max_attempts, $9 delay, $10 on_conflict, $11 trace_context (JSON text)
 SELECT {{schema}}.enqueue($1, $2::text::jsonb, $3, $4, $5, $6, $7, $8, $9, $10,
-                          octet_length($2::text));
+                          octet_length($2::text), $11::text::jsonb);
 
 -- name: job_enqueue_many
 -- The args travel as JSON text, so the size limit applies to exactly what was sent.
 -- $1 kinds, $2 args (JSON texts), $3 queues, $4 priorities, $5 run_ats, $6 delays,
--- $7 tenants, $8 unique_keys, $9 max_attempts, $10 on_conflict
+-- $7 tenants, $8 unique_keys, $9 max_attempts, $10 on_conflict, $11 trace_contexts (JSON
+-- texts)
 SELECT e.id
 FROM {{schema}}.enqueue_many($1, $2::text[]::jsonb[], $3, $4, $5, $6, $7, $8, $9, $10,
-                             ARRAY(SELECT octet_length(t) FROM unnest($2::text[]) AS t)) AS e
+                             ARRAY(SELECT octet_length(t) FROM unnest($2::text[]) AS t),
+                             $11::text[]::jsonb[]) AS e
 ORDER BY e.ord;
 
 -- name: job_stage_create
@@ -30,7 +32,8 @@ CREATE TEMP TABLE IF NOT EXISTS pgjobd_enqueue_stage (
     run_at       timestamptz,
     delay        interval,
     tenant       text,
-    max_attempts integer
+    max_attempts integer,
+    trace_context text
 ) ON COMMIT DELETE ROWS;
 
 -- name: job_enqueue_staged
@@ -45,7 +48,7 @@ WITH staged AS (
 ), resolved AS (
     SELECT o.*, nextval('{{schema}}.job_id_seq') AS id  -- drawn in input order
     FROM (
-        SELECT s.ord, s.kind, s.args, s.tenant, d.*
+        SELECT s.ord, s.kind, s.args, s.tenant, s.trace_context, d.*
         FROM staged AS s
         LEFT JOIN {{schema}}.kind AS k ON k.name = s.kind
         CROSS JOIN LATERAL {{schema}}.job_defaults(
@@ -56,9 +59,9 @@ WITH staged AS (
 ), inserted AS (
     -- No RETURNING: the producer role may insert into job but not read it.
     INSERT INTO {{schema}}.job (id, state, queue, kind, priority, run_at, args, max_attempts,
-                                tenant)
+                                tenant, trace_context)
     SELECT r.id, r.state, r.queue, r.kind, r.priority, r.run_at, r.args::jsonb,
-           r.max_attempts, r.tenant
+           r.max_attempts, r.tenant, r.trace_context::jsonb
     FROM resolved AS r
 ), woken AS (
     SELECT pg_notify('{{schema}}.job_ready', q.queue)
@@ -116,7 +119,8 @@ FROM picked
 WHERE j.id = picked.id
 RETURNING j.id, j.fence, j.kind, j.queue, j.attempt, j.max_attempts, j.crashes, j.priority,
           j.tenant, j.enqueued_at, j.run_at AS scheduled_at, j.args::text AS args,
-          extract(epoch FROM now() - j.run_at)::float8 AS waited_s;
+          extract(epoch FROM now() - j.run_at)::float8 AS waited_s,
+          j.trace_context::text AS trace_context;
 
 -- name: job_promote_due
 -- Makes due scheduled and retryable jobs available, wakes their queues' producers

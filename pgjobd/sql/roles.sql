@@ -25,15 +25,16 @@ GRANT USAGE ON SCHEMA {{schema}}
 
 GRANT EXECUTE ON FUNCTION
     {{schema}}.enqueue(text, jsonb, text, integer, timestamptz, text, text, integer, interval, text,
-                       integer),
+                       integer, jsonb),
     {{schema}}.enqueue_many(text[], jsonb[], text[], integer[], timestamptz[], interval[], text[],
-                            text[], integer[], text, integer[])
+                            text[], integer[], text, integer[], jsonb[])
     TO {{schema}}_producer, {{schema}}_admin, {{schema}}_worker;
 GRANT SELECT ON {{schema}}.migration, {{schema}}.kind TO {{schema}}_producer;
 -- Only the columns the client's COPY path writes: the rest (attempt, owner, fence,
 -- lease, enqueued_at...) keep their defaults, which every member can work with.
 REVOKE INSERT ON {{schema}}.job FROM {{schema}}_producer;
-GRANT INSERT (id, state, queue, kind, priority, run_at, args, max_attempts, tenant)
+GRANT INSERT (id, state, queue, kind, priority, run_at, args, max_attempts, tenant,
+               trace_context)
     ON {{schema}}.job TO {{schema}}_producer;
 GRANT USAGE ON SEQUENCE {{schema}}.job_id_seq TO {{schema}}_producer;
 

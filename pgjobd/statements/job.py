@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
+import msgspec
+
 from pgjobd.model import ClaimedJob
 from pgjobd.statements import Conn, Rendered, columns, one_row, row_of, rows_of, statement
 
@@ -65,6 +67,7 @@ class ClaimRow(NamedTuple):
     scheduled_at: datetime
     args: str  # JSON text
     waited_s: float
+    trace_context: str | None  # JSON text (pgjobd.tracing)
 
     def claimed_job(self) -> ClaimedJob:
         """The job as the member holds it (the args stay JSON text, as bytes)."""
@@ -73,7 +76,17 @@ class ClaimRow(NamedTuple):
             attempt=self.attempt, max_attempts=self.max_attempts, crashes=self.crashes,
             priority=self.priority, tenant=self.tenant, enqueued_at=self.enqueued_at,
             scheduled_at=self.scheduled_at, args=self.args.encode(),
+            trace_context=_trace_context(self.trace_context),
         )  # fmt: skip
+
+
+def _trace_context(text: str | None) -> dict[str, str] | None:
+    if text is None:
+        return None
+    try:
+        return msgspec.json.decode(text, type=dict[str, str])
+    except msgspec.DecodeError:  # not propagation fields (a direct INSERT): not carried
+        return None
 
 
 class Promoted(NamedTuple):
@@ -126,21 +139,23 @@ class JobStatements(Rendered):
         self, conn: Conn, kind: str, args: str, queue: str | None,
         priority: int | None, run_at: datetime | None, tenant: str | None,
         unique_key: str | None, max_attempts: int | None, delay: timedelta | None,
-        on_conflict: str,
+        on_conflict: str, trace_context: str | None = None,
     ) -> int:  # fmt: skip
         job_id: int = await conn.fetchval(
             self.sql("job_enqueue"), kind, args, queue, priority, run_at, tenant, unique_key,
-            max_attempts, delay, on_conflict,
+            max_attempts, delay, on_conflict, trace_context,
         )  # fmt: skip
         return job_id
 
     @statement("job_enqueue_many")
     async def job_enqueue_many(
-        self, conn: Conn, jobs: Sequence[EnqueueRow], on_conflict: str
-    ) -> list[int]:
+        self, conn: Conn, jobs: Sequence[EnqueueRow], on_conflict: str,
+        trace_contexts: Sequence[str | None] | None = None,
+    ) -> list[int]:  # fmt: skip
         rows = await conn.fetch(
-            self.sql("job_enqueue_many"), *columns(jobs, len(EnqueueRow._fields)), on_conflict
-        )
+            self.sql("job_enqueue_many"), *columns(jobs, len(EnqueueRow._fields)), on_conflict,
+            trace_contexts,
+        )  # fmt: skip
         return [row[0] for row in rows]
 
     @statement("job_stage_create")

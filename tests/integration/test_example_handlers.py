@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pgjobd import Client
-from pgjobd.handlers import Registry
+from pgjobd.handler_loader import Registry
 from pgjobd.testing import assert_enqueued, assert_not_enqueued, run_job
 
 pytestmark = pytest.mark.anyio
