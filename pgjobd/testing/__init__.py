@@ -87,7 +87,7 @@ class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
     error_class: str | None = None
     traceback: str | None = None
-    outcome: Verdict = "completed"  # the attempt's outcome, as the completer gets it
+    verdict: Verdict = "completed"  # what became of the attempt, as the completer gets it
 
 
 class Enqueued(msgspec.Struct, frozen=True, kw_only=True):
@@ -190,7 +190,7 @@ def _outcome(job: ClaimedJob, done: Done, reason: str | None) -> RunOutcome:
         state=state, kind=job.kind, attempt=job.attempt, job_id=job.id,
         result=None if done.result is None else msgspec.json.decode(done.result),
         after=after, reason=reason, error=error, error_class=done.error_class,
-        traceback=done.traceback, outcome=done.verdict,
+        traceback=done.traceback, verdict=done.verdict,
     )  # fmt: skip
 
 

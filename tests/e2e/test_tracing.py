@@ -215,7 +215,7 @@ class NotInstalled:
 sys.meta_path.insert(0, NotInstalled())
 
 from pgjobd import Client, job
-from pgjobd.handlers import Registry
+from pgjobd.handler_loader import Registry
 from pgjobd.testing import drain
 
 

@@ -125,7 +125,7 @@ async def test_drain_one_queue_and_a_snooze_that_never_ends(client: Client) -> N
 async def test_unknown_kinds_and_assertion_messages(client: Client) -> None:
     job_id = await client.enqueue("nobody_handles", {"x": 1}, tenant="acme")
     [outcome] = await drain(client, HANDLERS, queues=SLOW)
-    assert (outcome.job_id, outcome.state, outcome.outcome) == (job_id, "retryable", "unknown_kind")
+    assert (outcome.job_id, outcome.state, outcome.verdict) == (job_id, "retryable", "unknown_kind")
     await assert_enqueued("nobody_handles", args={"x": 1}, tenant="acme", count=1, client=client)
     expected = r"expected a job enqueued matching kind='nobody_handles', args.*\n.*#\d+ nobody"
     with pytest.raises(AssertionError, match=expected):

@@ -105,7 +105,7 @@ async def test_middleware_wraps_handlers_outermost_first(tmp_path: Path) -> None
         tmp_path, ["trail_mw:outer", "trail_mw:inner"],
         [("echo", {"a": 1}), ("echo_sync", {"b": 2})],
     )  # fmt: skip
-    assert [d.kind for d in done] == ["completed", "completed"]
+    assert [d.verdict for d in done] == ["completed", "completed"]
     assert json.loads(done[0].result or b"") == {"outer": {"inner": {"echo": {"a": 1}}}}
     assert json.loads(done[1].result or b"") == {"outer": {"inner": {"echo": {"b": 2}}}}
     assert [line[:2] for line in trail] == [
@@ -122,7 +122,7 @@ async def test_middleware_sees_outcomes_and_its_own_errors_fail_the_attempt(
         [("echo", {"raise": "retry"}), ("echo", {"raise": "snooze"}),
          ("echo", {"raise": "discard"}), ("echo", {"raise": "middleware"})],
     )  # fmt: skip
-    assert [(d.kind, d.after_s) for d in done] == [
+    assert [(d.verdict, d.after_s) for d in done] == [
         ("retry", 7.0), ("snoozed", 60.0), ("discarded", None), ("failed", None),
     ]  # fmt: skip
     assert [line for line in trail if line[0] == "outer saw"] == [
