@@ -24,7 +24,7 @@ from pgjobd.handler_api import JobContext
 
 Middleware = Callable[[JobContext, Callable[[], Awaitable[Any]]], Awaitable[Any]]
 
-_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", re.ASCII)
 
 
 def name_problem(name: object) -> str | None:

@@ -32,6 +32,7 @@ from pgjobd.protocol import Done
 
 if TYPE_CHECKING:
     from pgjobd.client import Client
+    from pgjobd.completer import Completer
     from pgjobd.config import QueueConfig
 
 __all__ = [
@@ -236,7 +237,7 @@ async def drain(
     import anyio  # noqa: PLC0415 (not for run_job, which needs no event loop library)
 
     from pgjobd import config as pgjobd_config  # noqa: PLC0415
-    from pgjobd.completer import Completer  # noqa: PLC0415
+    from pgjobd.completer import Completer  # noqa: PLC0415 (the daemon's, for drains only)
 
     queue_configs = dict(queues or {})
     queue_configs.setdefault(pgjobd_config.DEFAULT_QUEUE, pgjobd_config.QueueConfig())
@@ -266,7 +267,7 @@ async def drain(
 async def _drain_queue(
     client: Client,
     handlers: Registry,
-    completer: Any,
+    completer: Completer,
     queue: str,
     middleware: Sequence[Middleware],
 ) -> list[RunOutcome]:
@@ -292,7 +293,7 @@ async def _drain_queue(
         outcomes.append(_outcome(job, done, reason))
 
 
-def _queue_timeout(completer: Any, queue: str) -> float:
+def _queue_timeout(completer: Completer, queue: str) -> float:
     config = completer.queues.get(queue) or completer.queues["default"]
     return float(config.timeout.total_seconds())
 
