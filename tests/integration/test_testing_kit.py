@@ -134,3 +134,37 @@ async def test_unknown_kinds_and_assertion_messages(client: Client) -> None:
         await assert_not_enqueued("nobody_handles", tenant="acme", client=client)
     with pytest.raises(RuntimeError, match="no client"):
         await all_enqueued()
+
+
+STEPS: list[int] = []
+GATHERED: dict[int, Any] = {}
+
+
+@job
+async def step(args: dict[str, int]) -> int:
+    STEPS.append(args["n"])
+    return args["n"] * 10
+
+
+@job
+async def gather(args: dict[str, Any], ctx: JobContext) -> None:
+    GATHERED.update(await ctx.results())
+
+
+async def test_drain_claims_a_grouped_queue_through_the_flow_claim(dsn: str, schema: str) -> None:
+    handlers = Registry.from_functions([step, gather])
+    STEPS.clear()
+    GATHERED.clear()
+    async with await Client.connect(dsn, schema=schema) as client:
+        await declare_kinds(client, handlers)
+        first = await client.enqueue("step", {"n": 1}, queue="flow", group="g")
+        second = await client.enqueue("step", {"n": 2}, queue="flow", group="g")
+        last = await client.enqueue("gather", {}, queue="flow", depends_on=[first, second])
+        async with client.pool.acquire() as conn:
+            assert await client.queries.queue_flow_get(conn, "flow")  # job_claim gives nothing
+        ran = await drain(client, handlers)
+    assert [(o.job_id, o.state) for o in ran] == [
+        (first, "completed"), (second, "completed"), (last, "completed"),
+    ]  # fmt: skip
+    assert STEPS == [1, 2]
+    assert dict(GATHERED) == {first: 10, second: 20}  # ctx.results() in a drain
