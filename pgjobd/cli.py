@@ -21,6 +21,7 @@ import asyncpg
 import msgspec
 
 from pgjobd import __version__, admin, config, daemon, db, dev, log, migrate
+from pgjobd import middleware as pgjobd_middleware
 from pgjobd.client import Client
 from pgjobd.duration import parse_duration
 from pgjobd.errors import ConfigError, EnqueueError, PgjobdError, SchemaError
@@ -225,6 +226,7 @@ def _print_migration_status(
 def _check_config(args: argparse.Namespace) -> int:
     cfg = _load_config(args)
     registry = load_directories(cfg.daemon.handlers)
+    pgjobd_middleware.load(cfg.daemon.middleware)
     check_cron(cfg, registry)
     kinds = {
         spec.kind: {"queue": spec.queue or config.DEFAULT_QUEUE, "source": spec.source}

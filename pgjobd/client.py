@@ -12,16 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import typing
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, Literal, NamedTuple, Self, TypeVar
+from typing import Any, Literal, NamedTuple, Self, TypedDict, TypeVar, Unpack, overload
 
 import anyio.from_thread
 import asyncpg
 import msgspec
 
-from pgjobd import admin, db, errors, migrate
+from pgjobd import admin, db, errors, migrate, tracing
 from pgjobd.config import MAX_ARGS_BYTES, Pooler
 from pgjobd.duration import to_timedelta
 from pgjobd.errors import DuplicateJob, EnqueueError, QueueFull
@@ -29,7 +30,10 @@ from pgjobd.handler_api import (
     VERSION_KEY,
     ArgsError,
     DurationLike,
+    HandlerSpec,
+    JobContext,
     NewerArgs,
+    handler_spec,
     upgraded,
     validate_args,
 )
@@ -59,7 +63,7 @@ DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT = "60s"
 _STAGE = "pgjobd_enqueue_stage"
 _STAGE_COLUMNS = (
     "ord", "kind", "args", "queue", "priority", "run_at", "delay", "tenant", "max_attempts",
-    "group_key", "expires_at", "ttl",
+    "group_key", "expires_at", "ttl", "trace_context",
 )  # fmt: skip
 # Every job that ends is announced here (payload: comma-separated ids); see wait().
 _FINAL_CHANNEL = "{schema}.job_final"
@@ -68,6 +72,29 @@ _json_encoder = msgspec.json.Encoder()
 # number means the backslash itself is escaped and "u0000" is plain text).
 _NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+A = TypeVar("A")
+
+
+class EnqueueOptions(TypedDict, total=False):
+    """The keyword options of `Client.enqueue` (for its typed overloads)."""
+
+    queue: str | None
+    priority: int | None
+    delay: DurationLike | None
+    run_at: datetime | None
+    tenant: str | None
+    unique_key: str | None
+    max_attempts: int | None
+    on_conflict: OnConflict
+    depends_on: Sequence[int] | None
+    after: Sequence[int] | None
+    ttl: DurationLike | None
+    expires_at: datetime | None
+    unique_for: DurationLike | None
+    conn: asyncpg.Connection | None
+    group: str | None
 
 
 class JobSpec(msgspec.Struct, frozen=True):
@@ -233,6 +260,11 @@ class Client:
             raise
         return client
 
+    @property
+    def queries(self) -> Queries:
+        """The named statements, rendered for this client's schema."""
+        return self._q
+
     async def __aenter__(self) -> Self:
         return self
 
@@ -256,9 +288,24 @@ class Client:
                 await migrate.check_schema(conn, self.schema)
             self._schema_checked = True
 
+    @overload
+    async def enqueue(
+        self, kind: Callable[[A, JobContext], Any], args: A, **options: Unpack[EnqueueOptions]
+    ) -> int: ...
+
+    @overload
+    async def enqueue(
+        self, kind: Callable[[A], Any], args: A, **options: Unpack[EnqueueOptions]
+    ) -> int: ...
+
+    @overload
+    async def enqueue(
+        self, kind: str, args: Any = None, **options: Unpack[EnqueueOptions]
+    ) -> int: ...
+
     async def enqueue(
         self,
-        kind: str,
+        kind: str | Callable[..., Any],
         args: Any = None,
         *,
         queue: str | None = None,
@@ -279,6 +326,9 @@ class Client:
     ) -> int:
         """Enqueue one job and return its id.
 
+        `kind` is a kind's name, or a handler (a function decorated with @job): then its
+        kind, with args checked against its args type (statically by a type checker, at
+        run time here) and its declared queue, priority and max_attempts as defaults.
         A live job with the same unique_key makes this return that job's id without
         writing anything (or raise DuplicateJob with ``on_conflict="raise"``; with
         ``"replace"``, it takes this job's args, run time and priority, or, when it is
@@ -290,26 +340,36 @@ class Client:
         job never starts after then (it ends dead, 'expired'). ``unique_for``: the
         unique_key also matches jobs completed that recently.
         """
-        spec = JobSpec(kind, {} if args is None else args, queue=queue, priority=priority,
-                       delay=delay, run_at=run_at, tenant=tenant, unique_key=unique_key,
-                       max_attempts=max_attempts, group=group, depends_on=depends_on,
-                       after=after, ttl=ttl, expires_at=expires_at,
+        handler = _handler_of(kind, args, position=None)
+        if handler is not None:
+            kind = handler.kind
+            queue = handler.queue if queue is None else queue
+            priority = handler.priority if priority is None else priority
+            max_attempts = handler.max_attempts if max_attempts is None else max_attempts
+        spec = JobSpec(typing.cast(str, kind), {} if args is None else args, queue=queue,
+                       priority=priority, delay=delay, run_at=run_at, tenant=tenant,
+                       unique_key=unique_key, max_attempts=max_attempts, group=group,
+                       depends_on=depends_on, after=after, ttl=ttl, expires_at=expires_at,
                        unique_for=unique_for)  # fmt: skip
-        job = self._check(spec, position=None)
+        job = self._check(spec, position=None, handler=handler)
         _check_on_conflict(on_conflict, job)
         await self.check_schema()
-        return await self._run(
-            conn,
-            lambda c: self._q.job_enqueue(
-                c, job.kind, job.args_json, job.queue, job.priority, job.run_at, job.tenant,
-                job.unique_key, job.max_attempts, job.delay, on_conflict, job.group,
-                job.depends_on, job.expires_at, job.ttl, job.unique_for, job.after,
-            ),
-        )  # fmt: skip
+        with tracing.enqueue_span(job.kind, job.queue) as trace_context:
+            trace_json = _trace_json(trace_context)
+            job_id: int = await self._run(
+                conn,
+                lambda c: self._q.job_enqueue(
+                    c, job.kind, job.args_json, job.queue, job.priority, job.run_at, job.tenant,
+                    job.unique_key, job.max_attempts, job.delay, on_conflict, job.group,
+                    job.depends_on, job.expires_at, job.ttl, job.unique_for, job.after,
+                    trace_json,
+                ),
+            )  # fmt: skip
+        return job_id
 
     async def enqueue_many(
         self,
-        jobs: Iterable[JobSpec | tuple[str, Any]],
+        jobs: Iterable[JobSpec | tuple[str | Callable[..., Any], Any]],
         *,
         queue: str | None = None,
         priority: int | None = None,
@@ -329,7 +389,8 @@ class Client:
     ) -> list[int]:
         """Enqueue many jobs in one transaction; returns their ids in input order.
 
-        Items are ``(kind, args)`` tuples or `JobSpec` values; the keyword options apply
+        Items are ``(kind, args)`` tuples (the kind a name or a handler, whose args are
+        then checked against its args type) or `JobSpec` values; the keyword options apply
         to items that leave them unset. Either every job is written or none is.
         """
         defaults: dict[str, Any] = {
@@ -350,22 +411,35 @@ class Client:
         for position, item in enumerate(jobs, start=1):
             if type(item) is tuple and len(item) == 2:
                 kind, args = item
-                if problem := _kind_problem(kind):
+                handler = _handler_of(kind, args, position)
+                name = handler.kind if handler is not None else typing.cast(str, kind)
+                if problem := _kind_problem(name):
                     raise EnqueueError(f"job {position}: {problem}")
-                args_json = self._encode_args(kind, {} if args is None else args, position)
+                args_json = self._encode_args(name, {} if args is None else args, position,
+                                              handler)  # fmt: skip
                 _check_on_conflict(on_conflict, shared, position)
-                checked.append(shared._replace(kind=kind, args_json=args_json))
+                checked.append(shared._replace(kind=name, args_json=args_json))
             else:
-                spec = _with_defaults(_as_spec(item, position), defaults)
-                job = self._check(spec, position)
+                spec, handler = _as_spec(item, position)
+                spec = _with_defaults(spec, defaults)
+                job = self._check(spec, position, handler)
                 _check_on_conflict(on_conflict, job, position)
                 checked.append(job)
         if not checked:
             return []
         await self.check_schema()
-        if on_conflict != "return" or any(job.needs_function for job in checked):
-            return await self._insert_through_function(checked, on_conflict, conn)
-        return await self._copy(checked, conn)
+        kinds = {job.kind for job in checked}
+        queues = {job.queue for job in checked}
+        with tracing.enqueue_span(
+            kinds.pop() if len(kinds) == 1 else "(many)",
+            queues.pop() if len(queues) == 1 else None,
+            len(checked),
+        ) as trace_context:
+            # One context for the batch: every job was enqueued in the same span.
+            trace_json = _trace_json(trace_context)
+            if on_conflict != "return" or any(job.needs_function for job in checked):
+                return await self._insert_through_function(checked, on_conflict, conn, trace_json)
+            return await self._copy(checked, conn, trace_json)
 
     async def enqueue_batch(
         self,
@@ -379,7 +453,7 @@ class Client:
         ended, whatever the end; its handler reads how many completed and failed in
         ``ctx.batch``. One transaction: all of it is written or nothing. ``options``
         are enqueue_many's, for the jobs (not the callback)."""
-        spec = _as_spec(callback, 0)
+        spec, _ = _as_spec(callback, 0)
         if spec.after is not None or spec.depends_on is not None:
             raise EnqueueError("a batch's callback waits for the batch: give it no after "
                                "or depends_on of its own")  # fmt: skip
@@ -467,14 +541,18 @@ class Client:
 
     # -- checks ---------------------------------------------------------------------
 
-    def _check(self, spec: JobSpec, position: int | None) -> _Checked:
+    def _check(
+        self, spec: JobSpec, position: int | None, handler: HandlerSpec | None = None
+    ) -> _Checked:
         reject = _rejecter(position)
         if problem := _kind_problem(spec.kind):
             raise reject(problem)
-        args_json = self._encode_args(spec.kind, spec.args, position)
+        args_json = self._encode_args(spec.kind, spec.args, position, handler)
         return _checked_options(spec, reject)._replace(kind=spec.kind, args_json=args_json)
 
-    def _encode_args(self, kind: str, args: Any, position: int | None) -> str:
+    def _encode_args(
+        self, kind: str, args: Any, position: int | None, handler: HandlerSpec | None = None
+    ) -> str:
         """The args as compact JSON text, checked (and against the handler's type)."""
         try:
             encoded = _json_encoder.encode(args)
@@ -496,12 +574,13 @@ class Client:
             )
         if _too_deep(encoded):
             raise _rejecter(position)(_TOO_DEEP)
-        if self.handlers is not None:
-            reject = _rejecter(position)
+        if handler is None and self.handlers is not None:
             handler = self.handlers.get(kind)
             if handler is None:
                 known = ", ".join(self.handlers.kinds()) or "none"
-                raise reject(f"unknown kind {kind!r}: the handlers given know {known}")
+                raise _rejecter(position)(f"unknown kind {kind!r}: the handlers given know {known}")
+        if handler is not None:
+            reject = _rejecter(position)
             decoded = msgspec.json.decode(encoded)
             if handler.args_version > 1 and VERSION_KEY not in decoded:
                 # Stamped: the worker then knows which version these args are.
@@ -518,32 +597,38 @@ class Client:
     # -- writing --------------------------------------------------------------------
 
     async def _insert_through_function(
-        self, jobs: Sequence[_Checked], on_conflict: OnConflict, conn: asyncpg.Connection | None
+        self,
+        jobs: Sequence[_Checked],
+        on_conflict: OnConflict,
+        conn: asyncpg.Connection | None,
+        trace_json: str | None,
     ) -> list[int]:
         rows = [
             EnqueueRow(j.kind, j.args_json, j.queue, j.priority, j.run_at, j.delay, j.tenant,
                        j.unique_key, j.max_attempts, j.group, _id_list(j.depends_on),
-                       j.expires_at, j.ttl, j.unique_for, _id_list(j.after))
+                       j.expires_at, j.ttl, j.unique_for, _id_list(j.after), trace_json)
             for j in jobs
         ]  # fmt: skip
         return await self._run(conn, lambda c: self._q.job_enqueue_many(c, rows, on_conflict))
 
-    async def _copy(self, jobs: Sequence[_Checked], conn: asyncpg.Connection | None) -> list[int]:
+    async def _copy(
+        self, jobs: Sequence[_Checked], conn: asyncpg.Connection | None, trace_json: str | None
+    ) -> list[int]:
         if conn is not None:
             async with conn.transaction():
-                return await self._copy_in_transaction(conn, jobs)
+                return await self._copy_in_transaction(conn, jobs, trace_json)
         async with self.pool.acquire() as own, own.transaction():
-            return await self._copy_in_transaction(own, jobs)
+            return await self._copy_in_transaction(own, jobs, trace_json)
 
     async def _copy_in_transaction(
-        self, conn: asyncpg.Connection, jobs: Sequence[_Checked]
+        self, conn: asyncpg.Connection, jobs: Sequence[_Checked], trace_json: str | None
     ) -> list[int]:
         """COPY the jobs into the session's staging table, then insert them from there
         with the SQL functions' own defaults (job_defaults)."""
         await self._q.job_stage_create(conn)
         records = [
             (ord_, j.kind, j.args_json, j.queue, j.priority, j.run_at, j.delay, j.tenant,
-             j.max_attempts, j.group, j.expires_at, j.ttl)
+             j.max_attempts, j.group, j.expires_at, j.ttl, trace_json)
             for ord_, j in enumerate(jobs, start=1)
         ]  # fmt: skip
         await conn.copy_records_to_table(
@@ -593,11 +678,13 @@ class SyncClient:
             self._portal_cm.__exit__(None, None, None)
             raise
 
-    def enqueue(self, kind: str, args: Any = None, **options: Any) -> int:
+    def enqueue(self, kind: str | Callable[..., Any], args: Any = None, **options: Any) -> int:
         result: int = self._portal.call(lambda: self._client.enqueue(kind, args, **options))
         return result
 
-    def enqueue_many(self, jobs: Iterable[JobSpec | tuple[str, Any]], **options: Any) -> list[int]:
+    def enqueue_many(
+        self, jobs: Iterable[JobSpec | tuple[str | Callable[..., Any], Any]], **options: Any
+    ) -> list[int]:
         items = list(jobs)
         result: list[int] = self._portal.call(lambda: self._client.enqueue_many(items, **options))
         return result
@@ -705,12 +792,43 @@ def _positive_duration(
     return duration
 
 
-def _as_spec(item: JobSpec | tuple[str, Any], position: int) -> JobSpec:
+def _handler_of(kind: object, args: object, position: int | None) -> HandlerSpec | None:
+    """The handler spec when `kind` is a handler function (None for a kind's name), with
+    `args` checked to be of its args type when that is a class (a Struct, a dataclass)."""
+    if isinstance(kind, str):
+        return None
+    spec = handler_spec(kind)
+    if spec is None:
+        raise _rejecter(position)(
+            f"kind must be a str or a function decorated with @job, got {_shown(kind)}"
+        )
+    expected = spec.args_type
+    if (
+        isinstance(expected, type)
+        and not typing.is_typeddict(expected)
+        and not isinstance(args, (expected, Mapping))
+    ):
+        raise _rejecter(position)(
+            f"args for {spec.kind!r} must be a {expected.__qualname__} (the args type of "
+            f"{spec.name}) or a mapping, not {type(args).__qualname__}"
+        )
+    return spec
+
+
+def _trace_json(trace_context: Mapping[str, str] | None) -> str | None:
+    return None if trace_context is None else _json_encoder.encode(trace_context).decode()
+
+
+def _as_spec(
+    item: JobSpec | tuple[str | Callable[..., Any], Any], position: int
+) -> tuple[JobSpec, HandlerSpec | None]:
     if isinstance(item, JobSpec):
-        return item
+        return item, None
     if isinstance(item, tuple) and len(item) == 2:
         kind, args = item
-        return JobSpec(kind, {} if args is None else args)
+        handler = _handler_of(kind, args, position)
+        name = handler.kind if handler is not None else typing.cast(str, kind)
+        return JobSpec(name, {} if args is None else args), handler
     raise EnqueueError(f"job {position}: expected a JobSpec or a (kind, args) tuple, got {item!r}")
 
 

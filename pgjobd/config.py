@@ -31,6 +31,7 @@ from pgjobd.duration import EXAMPLES as DURATION_EXAMPLES
 from pgjobd.duration import Duration, parse_duration
 from pgjobd.errors import ConfigError
 from pgjobd.flow import RateLimit, parse_rate_limit
+from pgjobd.middleware import name_problem as middleware_name_problem
 from pgjobd.names import kind_name_problem, queue_name_problem, schema_name_problem
 
 DEFAULT_QUEUE = "default"
@@ -107,8 +108,13 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     metrics_listen: str = "127.0.0.1:9464"
     log_format: LogFormat = "json"
     log_level: LogLevel = "info"
+    # "module:callable" names, outermost first (pgjobd.middleware), imported by workers.
+    middleware: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for index, name in enumerate(self.middleware):
+            if problem := middleware_name_problem(name):
+                raise FieldProblem("middleware", problem, within=(index,))
         if self.lease < Duration(seconds=1):
             raise FieldProblem("lease", f'must be at least "1s", got "{self.lease}"')
         if self.metrics_listen:

@@ -45,6 +45,8 @@ class ClaimedJob(msgspec.Struct, frozen=True):
     depends_on: tuple[int, ...] = ()
     after: tuple[int, ...] = ()
     after_failed: int = 0
+    # The W3C trace context stored at enqueue (pgjobd.tracing), or None.
+    trace_context: dict[str, str] | None = None
 
 
 class Outcome(msgspec.Struct, frozen=True):

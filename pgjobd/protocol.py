@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from pgjobd.errors import PgjobdError
-from pgjobd.model import ClaimedJob, KindInfo, Verdict
+from pgjobd.model import ClaimedJob, KindInfo, Outcome, Verdict
 
 # A worker's exit status, as its parent reads it (the parent never imports pgjobd.worker).
 EXIT_OK = 0
@@ -89,6 +89,14 @@ class Done(Message, frozen=True, tag="done"):
     traceback: str | None = None
     after_s: float | None = None
     fingerprint: str | None = None  # of the error (pgjobd.fingerprint), if any
+
+    def outcome(self, job: ClaimedJob) -> Outcome:
+        """This report as the Outcome of `job` (the attempt it reports), for the completer."""
+        return Outcome(
+            job, self.verdict, duration_s=self.duration_s, result=self.result,
+            error_class=self.error_class, error_message=self.error_message,
+            traceback=self.traceback, after_s=self.after_s, fingerprint=self.fingerprint,
+        )  # fmt: skip
 
 
 class ResultsWanted(Message, frozen=True, tag="results_wanted"):

@@ -12,6 +12,7 @@ from pgjobd.statements.job import JobStatements
 from pgjobd.statements.leader import LeaderStatements
 from pgjobd.statements.maintenance import MaintenanceStatements
 from pgjobd.statements.member import MemberStatements
+from pgjobd.statements.testing import TestingStatements
 from pgjobd.statements.web import WebStatements
 
 QUERY_FILES = (
@@ -22,6 +23,7 @@ QUERY_FILES = (
     "maintenance.sql",
     "admin.sql",
     "web.sql",
+    "testing.sql",
 )
 
 
@@ -33,6 +35,7 @@ class Queries(
     MaintenanceStatements,
     AdminStatements,
     WebStatements,
+    TestingStatements,
 ):
     """The package's named statements with the schema spliced in."""
 

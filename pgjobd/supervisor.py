@@ -156,12 +156,14 @@ class QueueWorkers:
         boot_timeout_s: float = BOOT_TIMEOUT_S,
         env: Mapping[str, str] | None = None,
         results_source: Callable[[list[int]], Awaitable[bytes | None]] | None = None,
+        middleware: Sequence[str] = (),
     ) -> None:
         self.queue = queue
         # Reads the results a running job waited for, when its handler asks for them.
         self.results_source = results_source
         self.config = config
         self.handler_dirs = [Path(d) for d in handler_dirs]
+        self.middleware = list(middleware)  # "module:callable" names, outermost first
         self.outcomes = outcomes
         self.grace_s = grace_s
         self.boot_timeout_s = boot_timeout_s
@@ -374,6 +376,8 @@ class QueueWorkers:
         for directory in self.handler_dirs:
             command += ["--handler-dir", str(directory)]
         command += ["--slots", str(slots)]
+        for name in self.middleware:
+            command += ["--middleware", name]
         _tree.spawning += 1
         try:
             process = await anyio.open_process(
@@ -584,11 +588,7 @@ class QueueWorkers:
             log.warning("worker %d reported job %d, which it does not hold", child.pid,
                         done.job_id)  # fmt: skip
             return
-        outcome = Outcome(
-            held.job, done.verdict, duration_s=done.duration_s, result=done.result,
-            error_class=done.error_class, error_message=done.error_message,
-            traceback=done.traceback, after_s=done.after_s, fingerprint=done.fingerprint,
-        )  # fmt: skip
+        outcome = done.outcome(held.job)
         await self.outcomes.send(outcome)  # bounded: a slow completer slows us here
         # Only now is the slot free: until the outcome is handed over the job is held.
         if child.held.pop(key, None) is None:

@@ -30,6 +30,9 @@ from pgjobd.pgbouncer import PgBouncer, PgBouncerError, find_program
 from pgjobd.queries import for_schema
 from pgjobd.roles import RoleContext
 
+# pytester: the testing kit's plugin is tested by running pytest on sample suites.
+pytest_plugins = ("pytester",)
+
 
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
@@ -66,6 +69,13 @@ def stock_pgbouncer(dsn: str) -> Iterator[PgBouncer]:
             yield bouncer
         finally:
             SESSION_PIDS.discard(bouncer.pid)
+
+
+@pytest.fixture(scope="session")
+def pgjobd_dsn(dsn: str) -> str:
+    """The testing kit's fixtures (pgjobd.testing.plugin) use the session's server
+    instead of starting a cluster of their own."""
+    return dsn
 
 
 @pytest.fixture

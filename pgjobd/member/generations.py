@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -127,6 +127,7 @@ class Generations:
                         config.daemon.log_format, config.daemon.log_level, member_id
                     ),
                     results_source=self._read_results,
+                    middleware=config.daemon.middleware,
                 )
                 for name, queue in config.queues.items()
             },
@@ -156,23 +157,14 @@ class Generations:
     async def declare(self, generation: Generation) -> None:
         """Record each kind's effective defaults and limits (for enqueues that name only
         the kind, and for every claim), and this config's queue limits fleet-wide."""
-        rows = []
-        queues = generation.config.queues
-        for info in generation.kinds:
-            queue = info.queue or DEFAULT_QUEUE
-            queue_config: QueueConfig = queues.get(queue, queues[DEFAULT_QUEUE])
-            rate = None if info.rate_limit is None else parse_rate_limit(info.rate_limit)
-            rows.append(KindDeclared(
-                info.kind, queue, info.priority or 0,
-                info.max_attempts or queue_config.max_attempts,
-                info.timeout_s or queue_config.timeout.total_seconds(),
-                info.global_concurrency, rate and rate.starts, rate and rate.window,
-                json.dumps(list(info.redact)),
-            ))  # fmt: skip
+        await declare_kinds(
+            self.ctx.pool, self.ctx.queries, generation.kinds, generation.config.queues,
+            self.ctx.member_id,
+        )  # fmt: skip
         async with db.acquire(self.ctx.pool) as conn:
-            if rows:
-                await self.ctx.queries.kind_declare_many(conn, rows, self.ctx.member_id)
-            await write_queue_limits(conn, self.ctx.queries, queues, self.ctx.member_id)
+            await write_queue_limits(
+                conn, self.ctx.queries, generation.config.queues, self.ctx.member_id
+            )
 
     async def _run_workers(
         self, generation: Generation, *, task_status: TaskStatus[list[KindInfo]]
@@ -268,3 +260,29 @@ def most_telling(group: BaseExceptionGroup[BaseException]) -> BaseException:
             if isinstance(leaf, wanted):
                 return leaf
     return leaves[0]
+
+
+async def declare_kinds(
+    pool: asyncpg.Pool,
+    queries: Queries,
+    kinds: Sequence[KindInfo],
+    queues: Mapping[str, QueueConfig],
+    member_id: str,
+) -> None:
+    """Record each kind's effective defaults (its own, else its queue's), as a member
+    does for its handlers' kinds when its workers start."""
+    rows = []
+    for info in kinds:
+        queue = info.queue or DEFAULT_QUEUE
+        queue_config: QueueConfig = queues.get(queue, queues[DEFAULT_QUEUE])
+        rate = None if info.rate_limit is None else parse_rate_limit(info.rate_limit)
+        rows.append(KindDeclared(
+            info.kind, queue, info.priority or 0,
+            info.max_attempts or queue_config.max_attempts,
+            info.timeout_s or queue_config.timeout.total_seconds(),
+            info.global_concurrency, rate and rate.starts, rate and rate.window,
+            json.dumps(list(info.redact)),
+        ))  # fmt: skip
+    if rows:
+        async with db.acquire(pool) as conn:
+            await queries.kind_declare_many(conn, rows, member_id)

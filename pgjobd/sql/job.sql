@@ -5,20 +5,22 @@
 -- applies to exactly what was sent.
 -- $1 kind, $2 args (JSON text), $3 queue, $4 priority, $5 run_at, $6 tenant,
 -- $7 unique_key, $8 max_attempts, $9 delay, $10 on_conflict, $11 group_key,
--- $12 depends_on, $13 expires_at, $14 ttl, $15 unique_for, $16 after
+-- $12 depends_on, $13 expires_at, $14 ttl, $15 unique_for, $16 after,
+-- $17 trace_context (JSON text)
 SELECT {{schema}}.enqueue($1, $2::text::jsonb, $3, $4, $5, $6, $7, $8, $9, $10,
-                          octet_length($2::text), $11, $12, $13, $14, $15, $16);
+                          octet_length($2::text), $11, $12, $13, $14, $15, $16,
+                          $17::text::jsonb);
 
 -- name: job_enqueue_many
 -- The args travel as JSON text, so the size limit applies to exactly what was sent.
 -- $1 kinds, $2 args (JSON texts), $3 queues, $4 priorities, $5 run_ats, $6 delays,
 -- $7 tenants, $8 unique_keys, $9 max_attempts, $10 group_keys, $11 dependencies (array
 -- texts), $12 expires_ats, $13 ttls, $14 unique_fors, $15 afters (array texts),
--- $16 on_conflict
+-- $16 trace_contexts (JSON texts), $17 on_conflict
 SELECT e.id
-FROM {{schema}}.enqueue_many($1, $2::text[]::jsonb[], $3, $4, $5, $6, $7, $8, $9, $16,
+FROM {{schema}}.enqueue_many($1, $2::text[]::jsonb[], $3, $4, $5, $6, $7, $8, $9, $17,
                              ARRAY(SELECT octet_length(t) FROM unnest($2::text[]) AS t),
-                             $10, $11, $12, $13, $14, $15) AS e
+                             $10, $11, $12, $13, $14, $15, $16::text[]::jsonb[]) AS e
 ORDER BY e.ord;
 
 -- name: job_stage_create
@@ -37,7 +39,8 @@ CREATE TEMP TABLE IF NOT EXISTS pgjobd_enqueue_stage (
     max_attempts integer,
     group_key    text,
     expires_at   timestamptz,
-    ttl          interval
+    ttl          interval,
+    trace_context text
 ) ON COMMIT DELETE ROWS;
 
 -- name: job_enqueue_staged
@@ -54,7 +57,7 @@ WITH staged AS (
     SELECT o.*, nextval('{{schema}}.job_id_seq') AS id  -- drawn in input order
     FROM (
         SELECT s.ord, s.kind, s.args, s.tenant, s.group_key,
-               coalesce(s.expires_at, now() + s.ttl) AS expires_at, d.*
+               coalesce(s.expires_at, now() + s.ttl) AS expires_at, s.trace_context, d.*
         FROM staged AS s
         LEFT JOIN {{schema}}.kind AS k ON k.name = s.kind
         CROSS JOIN LATERAL {{schema}}.job_defaults(
@@ -74,9 +77,9 @@ WITH staged AS (
     -- No RETURNING: the producer role may insert into job but not read it. After
     -- admitted (read here so that it runs first): a refusal writes nothing.
     INSERT INTO {{schema}}.job (id, state, queue, kind, priority, run_at, args, max_attempts,
-                                tenant, group_key, expires_at)
+                                tenant, group_key, expires_at, trace_context)
     SELECT r.id, r.state, r.queue, r.kind, r.priority, r.run_at, r.args::jsonb,
-           r.max_attempts, r.tenant, r.group_key, r.expires_at
+           r.max_attempts, r.tenant, r.group_key, r.expires_at, r.trace_context::jsonb
     FROM resolved AS r
     WHERE (SELECT count(*) FROM admitted) >= 0
 ), woken AS (
@@ -168,7 +171,8 @@ WHERE j.id = picked.id
 RETURNING j.id, j.fence, j.kind, j.queue, j.attempt, j.max_attempts, j.crashes, j.priority,
           j.tenant, j.enqueued_at, j.run_at AS scheduled_at, j.args::text AS args,
           extract(epoch FROM now() - j.run_at)::float8 AS waited_s,
-          j.depends_on, j.after_jobs, j.blockers_failed;
+          j.depends_on, j.after_jobs, j.blockers_failed,
+          j.trace_context::text AS trace_context;
 
 -- name: job_results
 -- The results of jobs $1 (what a job waited for; read when its handler asks):
@@ -182,10 +186,12 @@ FROM (SELECT DISTINCT ON (h.id) h.id, h.result
 
 -- name: job_claim_flow
 -- job_claim for a queue with limits or groups (or while any kind has a limit): see the
--- function in migration 0007. Rows with a NULL id name a limit that held jobs back.
+-- function in migration 0007 (its result as job_claim's since 0011). Rows with a NULL id
+-- name a limit that held jobs back.
 -- $1 queue, $2 limit, $3 member id, $4 lease
 SELECT c.id, c.fence, c.kind, c.queue, c.attempt, c.max_attempts, c.crashes, c.priority,
-       c.tenant, c.enqueued_at, c.scheduled_at, c.args, c.waited_s, c.held_by
+       c.tenant, c.enqueued_at, c.scheduled_at, c.args, c.waited_s, c.depends_on,
+       c.after_jobs, c.blockers_failed, c.trace_context, c.held_by
 FROM {{schema}}.job_claim_flow($1, $2, $3, $4::interval) AS c;
 
 -- name: queue_flow_get

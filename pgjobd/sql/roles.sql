@@ -67,12 +67,15 @@ GRANT USAGE ON SCHEMA {{schema}}
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {{schema}} FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     {{schema}}.enqueue(text, jsonb, text, integer, timestamptz, text, text, integer, interval, text,
-                       integer, text, bigint[], timestamptz, interval, interval, bigint[]),
+                       integer, text, bigint[], timestamptz, interval, interval, bigint[],
+                       jsonb),
     {{schema}}.enqueue_many(text[], jsonb[], text[], integer[], timestamptz[], interval[], text[],
                             text[], integer[], text, integer[], text[], text[], timestamptz[],
-                            interval[], interval[], text[]),
+                            interval[], interval[], text[], jsonb[]),
     -- The client's COPY path admits its batch through this one (max_depth, groups).
-    {{schema}}.queue_admit(text[], integer[], boolean[])
+    {{schema}}.queue_admit(text[], integer[], boolean[]),
+    -- job's CHECK on trace_context (migration 0011), run by whoever writes a job row.
+    {{schema}}.job_trace_context_ok(jsonb)
     TO {{schema}}_producer, {{schema}}_admin, {{schema}}_worker;
 -- Read into the statements that call them (the COPY path, completion, the reaper,
 -- admin cancel), which run with the caller's rights.
@@ -121,7 +124,7 @@ GRANT SELECT ON {{schema}}.job, {{schema}}.job_history, {{schema}}.job_attempt
 -- lease, enqueued_at...) keep their defaults, which every member can work with.
 REVOKE INSERT ON {{schema}}.job FROM {{schema}}_producer;
 GRANT INSERT (id, state, queue, kind, priority, run_at, args, max_attempts, tenant, group_key,
-               expires_at)
+               expires_at, trace_context)
     ON {{schema}}.job TO {{schema}}_producer;
 GRANT USAGE ON SEQUENCE {{schema}}.job_id_seq TO {{schema}}_producer;
 

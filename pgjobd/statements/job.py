@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
+import msgspec
+
 from pgjobd.model import ClaimedJob
 from pgjobd.statements import Conn, Rendered, columns, one_row, row_of, rows_of, statement
 
@@ -28,6 +30,7 @@ class EnqueueRow(NamedTuple):
     ttl: timedelta | None = None
     unique_for: timedelta | None = None
     after: str | None = None  # its after ids as array text
+    trace_context: str | None = None  # JSON text (pgjobd.tracing)
 
 
 class JobRow(NamedTuple):
@@ -86,6 +89,7 @@ class ClaimRow(NamedTuple):
     depends_on: list[int] | None = None  # what it waited for (issue 13)
     after_jobs: list[int] | None = None
     blockers_failed: int = 0  # `after` jobs that ended dead or cancelled
+    trace_context: str | None = None  # JSON text (pgjobd.tracing)
 
     def claimed_job(self) -> ClaimedJob:
         """The job as the member holds it (the args stay JSON text, as bytes)."""
@@ -96,7 +100,17 @@ class ClaimRow(NamedTuple):
             scheduled_at=self.scheduled_at, args=self.args.encode(),
             depends_on=tuple(self.depends_on or ()), after=tuple(self.after_jobs or ()),
             after_failed=self.blockers_failed,
+            trace_context=_trace_context(self.trace_context),
         )  # fmt: skip
+
+
+def _trace_context(text: str | None) -> dict[str, str] | None:
+    if text is None:
+        return None
+    try:
+        return msgspec.json.decode(text, type=dict[str, str])
+    except msgspec.DecodeError:  # not propagation fields (a direct INSERT): not carried
+        return None
 
 
 class FlowClaimRow(NamedTuple):
@@ -115,11 +129,14 @@ class FlowClaimRow(NamedTuple):
     scheduled_at: datetime | None
     args: str | None
     waited_s: float | None
+    depends_on: list[int] | None
+    after_jobs: list[int] | None
+    blockers_failed: int | None
+    trace_context: str | None
     held_by: str | None
 
     def claim_row(self) -> ClaimRow:
-        """A claimed job's row as job_claim returns it (id not NULL). job_claim_flow does
-        not return what the job waited for (issue 13): those fields keep their defaults."""
+        """A claimed job's row as job_claim returns it (id not NULL)."""
         return ClaimRow(*self[:-1])  # type: ignore[arg-type]  # (id not NULL: all set)
 
 
@@ -177,12 +194,12 @@ class JobStatements(Rendered):
         on_conflict: str, group_key: str | None = None,
         depends_on: Sequence[int] | None = None, expires_at: datetime | None = None,
         ttl: timedelta | None = None, unique_for: timedelta | None = None,
-        after: Sequence[int] | None = None,
+        after: Sequence[int] | None = None, trace_context: str | None = None,
     ) -> int:  # fmt: skip
         job_id: int = await conn.fetchval(
             self.sql("job_enqueue"), kind, args, queue, priority, run_at, tenant, unique_key,
             max_attempts, delay, on_conflict, group_key, depends_on, expires_at, ttl,
-            unique_for, after,
+            unique_for, after, trace_context,
         )  # fmt: skip
         return job_id
 

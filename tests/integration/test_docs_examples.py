@@ -6,9 +6,12 @@
   for by shell functions: useradd, runuser (runs the command as the test's user),
   systemctl (logged), `install -g` (group dropped) and the virtualenv with its `pip
   install .` (its `pgjobd` runs the test's own interpreter, which has pgjobd installed).
-- README.md's Python blocks compile; the handler example loads from a handler directory
-  and registers its kind; the client example and the SQL block run against the test
-  database (the DSN and the schema name substituted).
+- Every Python block of README.md and docs/*.md runs: as a script against the test
+  database (the DSN and the schema name substituted), or, for the test modules of
+  docs/testing.md, as the test suite that page describes, in a pytest process of its
+  own. The README's handler example loads from a handler directory and registers its
+  kind, its client example and SQL block write what they say, and its middleware runs
+  around a handler.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ from pgjobd.handler_loader import load_directories
 REPO = Path(__file__).resolve().parents[2]
 OPERATIONS = REPO / "docs" / "operations.md"
 README = REPO / "README.md"
+TESTING = REPO / "docs" / "testing.md"
+DOCS = [README, *sorted((REPO / "docs").glob("*.md"))]
+# A DSN in an example's connect call (Client.connect, SyncClient).
+CONNECT = re.compile(r'(Client\.connect|SyncClient)\("[^"]*"')
 # Paths of the install steps and the unit that move under the temporary root.
 ROOTED = re.compile(r"(?<![\w./-])/(etc|opt|srv|var/lib|usr/local)(?=/|\b)")
 # systemd's default PATH for services.
@@ -131,16 +138,82 @@ def test_the_systemd_install_steps_give_a_unit_whose_check_config_passes(tmp_pat
     assert "build_report" in checked.stdout  # the example [[cron]] table's kind
 
 
-def test_the_readme_python_blocks_compile() -> None:
-    blocks = fenced_blocks(README.read_text(), "python")
+def python_blocks() -> list[tuple[str, str]]:
+    """(where, code) of every Python block of the docs, but docs/testing.md's test
+    modules (which test_the_testing_page_example_suite_passes runs)."""
+    found = []
+    for path in DOCS:
+        for number, block in enumerate(fenced_blocks(path.read_text(), "python")):
+            if path == TESTING and "def test_" in block:
+                continue
+            found.append((f"{path.relative_to(REPO)} python block {number}", block))
+    return found
 
-    assert len(blocks) >= 2
-    for number, block in enumerate(blocks):
-        compile(block, f"README.md python block {number}", "exec")
+
+def with_database(code: str, dsn: str, schema: str) -> str:
+    return CONNECT.sub(lambda m: f"{m[1]}({dsn!r}, schema={schema!r}", code)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("where", "code"), python_blocks(), ids=lambda v: v[:60])
+async def test_every_python_block_of_the_docs_runs(
+    where: str, code: str, dsn: str, schema: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "example.py"
+    script.write_text(with_database(code, dsn, schema))
+
+    result = await anyio.run_process([sys.executable, str(script)], check=False, cwd=tmp_path)
+
+    assert result.returncode == 0, f"{where}:\n{result.stderr.decode()}"
+
+
+def test_the_testing_page_example_suite_passes(
+    pytester: pytest.Pytester, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/testing.md's worked example, laid out as it says: the handler module in
+    jobs/, the ini option in pyproject.toml, the tests in tests/; run by pytest."""
+    text = TESTING.read_text()
+    [handler] = [b for b in fenced_blocks(text, "python") if "@job" in b]
+    [tests] = [b for b in fenced_blocks(text, "python") if "def test_" in b]
+    [ini] = fenced_blocks(text, "toml")
+    (pytester.path / "jobs").mkdir()
+    (pytester.path / "jobs" / "signup.py").write_text(handler)
+    (pytester.path / "tests").mkdir()
+    (pytester.path / "tests" / "test_signup.py").write_text(tests)
+    (pytester.path / "pyproject.toml").write_text(ini)
+    monkeypatch.setenv("PGJOBD_TEST_DSN", dsn)
+    monkeypatch.delenv("PGJOBD_CONFIG", raising=False)
+
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "tests")
+
+    result.assert_outcomes(passed=2)
+
+
+@pytest.mark.anyio
+async def test_the_readme_middleware_runs_around_a_handler(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from pgjobd import job  # noqa: PLC0415
+    from pgjobd.testing import run_job  # noqa: PLC0415
+
+    [block] = [b for b in fenced_blocks(README.read_text(), "python") if "call_next" in b]
+    namespace: dict[str, object] = {}
+    exec(compile(block, "README.md middleware", "exec"), namespace)
+
+    @job
+    async def greet(args: dict[str, str]) -> str:
+        return f"hi {args['name']}"
+
+    with caplog.at_level("INFO", logger="pgjobd.job"):
+        timing = namespace["timing"]
+        outcome = await run_job(greet, {"name": "Ada"}, middleware=[timing])  # type: ignore[list-item]
+
+    assert outcome.result == "hi Ada"
+    assert any(re.fullmatch(r"greet took \d+\.\d{3}s", r.getMessage()) for r in caplog.records)
 
 
 def test_the_readme_handler_example_loads_from_a_handler_directory(tmp_path: Path) -> None:
-    [block] = [b for b in fenced_blocks(README.read_text(), "python") if "@job" in b]
+    [block] = [b for b in fenced_blocks(README.read_text(), "python") if "def hello" in b]
     (tmp_path / "hello.py").write_text(block)
 
     registry = load_directories([tmp_path])
@@ -154,11 +227,11 @@ def test_the_readme_handler_example_loads_from_a_handler_directory(tmp_path: Pat
 async def test_the_readme_client_example_runs_against_the_database(
     dsn: str, conn: asyncpg.Connection, schema: str
 ) -> None:
-    [block] = [b for b in fenced_blocks(README.read_text(), "python") if "Client.connect" in b]
-    code, replaced = re.subn(
-        r'Client\.connect\("[^"]*"', f"Client.connect({dsn!r}, schema={schema!r}", block
-    )
-    assert replaced == 1
+    [block] = [
+        b for b in fenced_blocks(README.read_text(), "python")
+        if "Client.connect" in b and "JobSpec" in b
+    ]  # fmt: skip
+    code = with_database(block, dsn, schema)
 
     result = await anyio.run_process([sys.executable, "-c", code], check=False)
 

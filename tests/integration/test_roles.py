@@ -71,10 +71,11 @@ _INTERNAL = {"producer": NONE, "readonly": NONE, "admin": NONE, "worker": NONE}
 ROLE_MATRIX |= {
     "function enqueue(text,jsonb,text,integer,timestamp with time zone,text,text,integer,"
     "interval,text,integer,text,bigint[],timestamp with time zone,interval,interval,"
-    "bigint[])": _ENQUEUERS,
+    "bigint[],jsonb)": _ENQUEUERS,
     "function enqueue_many(text[],jsonb[],text[],integer[],timestamp with time zone[],"
     "interval[],text[],text[],integer[],text,integer[],text[],text[],timestamp with time zone[],"
-    "interval[],interval[],text[])": _ENQUEUERS,
+    "interval[],interval[],text[],jsonb[])": _ENQUEUERS,
+    "function job_trace_context_ok(jsonb)": _ENQUEUERS,
     "function queue_admit(text[],integer[],boolean[])": _ENQUEUERS,
     "function queue_admit_needed(boolean)": _ENQUEUERS,
     "function job_claim_flow(text,integer,text,interval)": _LEADER,

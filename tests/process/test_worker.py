@@ -102,9 +102,11 @@ async def test_sigterm_and_sigint_are_ignored(tmp_path: Path) -> None:
 
 
 # What a worker process must never load: the database driver, anyio, the daemon's and the
-# client's modules. Its handlers here do `import pgjobd` and `from pgjobd import job, ...`.
-NOT_IN_A_WORKER = ("asyncpg", "anyio", "pgjobd.client", "pgjobd.channel", "pgjobd.config",
-                   "pgjobd.supervisor", "pgjobd.daemon", "pgjobd.cli", "pgjobd.db")  # fmt: skip
+# client's modules, and OpenTelemetry unless a handler imports it (pgjobd.tracing). Its
+# handlers here do `import pgjobd` and `from pgjobd import job, ...`.
+NOT_IN_A_WORKER = ("asyncpg", "anyio", "opentelemetry", "pgjobd.client", "pgjobd.channel",
+                   "pgjobd.config", "pgjobd.supervisor", "pgjobd.daemon", "pgjobd.cli",
+                   "pgjobd.db")  # fmt: skip
 
 
 async def test_a_worker_imports_only_what_it_needs(tmp_path: Path) -> None:
