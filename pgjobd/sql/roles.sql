@@ -74,7 +74,7 @@ GRANT EXECUTE ON FUNCTION
                             interval[], interval[], text[], jsonb[]),
     -- The client's COPY path admits its batch through this one (max_depth, groups).
     {{schema}}.queue_admit(text[], integer[], boolean[]),
-    -- job's CHECK on trace_context (migration 0011), run by whoever writes a job row.
+    -- job's CHECK on trace_context (migration 0012), run by whoever writes a job row.
     {{schema}}.job_trace_context_ok(jsonb)
     TO {{schema}}_producer, {{schema}}_admin, {{schema}}_worker;
 -- Read into the statements that call them (the COPY path, completion, the reaper,
