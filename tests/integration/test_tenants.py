@@ -83,6 +83,12 @@ async def test_every_read_path_of_a_tenant_sees_none_of_another_tenants_jobs(
                 assert await client.job(job_id) is None, (group, job_id)
             dead = await client.job(ids["acme"][3])
             assert dead is not None and [e.error for e in dead.errors] == ["E: acme failed"]
+            # wait: its own final job at once; another tenant's is unknown, not awaited.
+            waited = await client.wait(ids["acme"][3], timeout=10)
+            assert waited.id == ids["acme"][3] and waited.state == "dead"
+            for job_id in globex | set(ids[None]):
+                with pytest.raises(admin.UnknownJobs):
+                    await client.wait(job_id, timeout=10)
             async with client.pool.acquire() as session:
                 seen = {r["id"] for r in await session.fetch(f"SELECT id FROM {schema}.job")}
                 seen |= {
