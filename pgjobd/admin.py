@@ -30,7 +30,7 @@ from pgjobd.errors import PgjobdError
 from pgjobd.flow import RateLimit
 from pgjobd.leader import unsigned
 from pgjobd.lock_keys import LEADER, lock_key
-from pgjobd.names import queue_name_problem
+from pgjobd.names import MAX_TENANT_BYTES, kind_name_problem, queue_name_problem, text_problem
 from pgjobd.queries import Queries, for_schema
 from pgjobd.redact import redact_args
 from pgjobd.roles import cron as cron_role
@@ -765,9 +765,10 @@ async def scrub(
     (ScrubRefused, nothing changed) while live jobs match: those are not final yet."""
     if tenant is None and kind is None:
         raise InvalidInput("scrub needs a tenant or a kind (or both)")
-    for name, value in (("tenant", tenant), ("kind", kind)):
-        if value is not None and (not isinstance(value, str) or not value):
-            raise InvalidInput(f"scrub: {name} must be a non-empty string, got {value!r}")
+    if tenant is not None and (problem := text_problem("tenant", tenant, MAX_TENANT_BYTES)):
+        raise InvalidInput(f"scrub: {problem}")
+    if kind is not None and (problem := kind_name_problem(kind)):
+        raise InvalidInput(f"scrub: {problem}")
     q = for_schema(schema)
     async with _connection(db) as conn, conn.transaction():
         await _require_admin(conn, q, schema, "jobs.scrub")

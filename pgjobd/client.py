@@ -38,7 +38,14 @@ from pgjobd.handler_api import (
     validate_args,
 )
 from pgjobd.handler_loader import Registry
-from pgjobd.names import kind_name_problem, queue_name_problem, schema_name_problem
+from pgjobd.names import (
+    MAX_TENANT_BYTES,
+    kind_name_problem,
+    queue_name_problem,
+    schema_name_problem,
+    shown,
+    text_problem,
+)
 from pgjobd.queries import Queries, for_schema
 from pgjobd.statements.job import EnqueueRow
 
@@ -46,7 +53,6 @@ from pgjobd.statements.job import EnqueueRow
 # (migrations 0002 and 0005): what every member, role and admin command can read back.
 MAX_ARGS_DEPTH = 100  # no value at nesting level 100 (the args object is level 0)
 MAX_UNIQUE_KEY_BYTES = 512
-MAX_TENANT_BYTES = 256
 MAX_GROUP_KEY_BYTES = 512
 MAX_KIND_CHARS = 128
 MAX_MAX_ATTEMPTS = 2**31 - 1
@@ -235,7 +241,7 @@ class Client:
         cached as a prepared statement (another transaction's server connection would
         not know it), statement_timeout is enforced by the client, and `tenant` (a
         session setting such a pooler does not keep) is refused."""
-        if tenant is not None and (problem := _text_problem("tenant", tenant, MAX_TENANT_BYTES)):
+        if tenant is not None and (problem := text_problem("tenant", tenant, MAX_TENANT_BYTES)):
             raise ValueError(problem)
         if tenant is not None and pooler == "transaction":
             raise ValueError(
@@ -472,7 +478,7 @@ class Client:
     async def job(self, job_id: int) -> JobInfo | None:
         """The job with this id, live or finished, or None if there is none."""
         if not _is_int(job_id):
-            raise TypeError(f"job ids are integers, got {_shown(job_id)}")
+            raise TypeError(f"job ids are integers, got {shown(job_id)}")
         if not _INT64_MIN <= job_id <= _INT64_MAX:
             return None  # no job has an id beyond a bigint
         await self.check_schema()
@@ -770,11 +776,11 @@ def _id_list(ids: list[int] | None) -> str | None:
 
 def _job_ids(name: str, value: object, reject: Callable[[str], EnqueueError]) -> list[int]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise reject(f"{name} must be a list of job ids, got {_shown(value)}")
+        raise reject(f"{name} must be a list of job ids, got {shown(value)}")
     ids = list(value)
     for item in ids:
         if not _is_int(item) or not _INT64_MIN <= item <= _INT64_MAX:
-            raise reject(f"{name} holds {_shown(item)}, which is not a job id (an int)")
+            raise reject(f"{name} holds {shown(item)}, which is not a job id (an int)")
     return ids
 
 
@@ -800,7 +806,7 @@ def _handler_of(kind: object, args: object, position: int | None) -> HandlerSpec
     spec = handler_spec(kind)
     if spec is None:
         raise _rejecter(position)(
-            f"kind must be a str or a function decorated with @job, got {_shown(kind)}"
+            f"kind must be a str or a function decorated with @job, got {shown(kind)}"
         )
     expected = spec.args_type
     if (
@@ -855,7 +861,7 @@ def _checked_options(spec: JobSpec, reject: Callable[[str], EnqueueError]) -> _C
     ):
         raise reject(
             f"max_attempts must be an int from 1 to {MAX_MAX_ATTEMPTS}, "
-            f"got {_shown(spec.max_attempts)}"
+            f"got {shown(spec.max_attempts)}"
         )
     delay = None
     if spec.delay is not None:
@@ -875,22 +881,22 @@ def _checked_options(spec: JobSpec, reject: Callable[[str], EnqueueError]) -> _C
             raise reject(_delay_too_long(spec.delay))
     if spec.run_at is not None:
         if not isinstance(spec.run_at, datetime) or spec.run_at.utcoffset() is None:
-            raise reject(f"run_at must be a timezone-aware datetime, got {_shown(spec.run_at)}")
+            raise reject(f"run_at must be a timezone-aware datetime, got {shown(spec.run_at)}")
         if not EARLIEST_RUN_AT <= spec.run_at < RUN_AT_BEFORE:
             raise reject(
                 f"run_at {spec.run_at.isoformat()} is out of range: expected a time from "
                 "1970-01-01 up to (not including) 9999-01-01 UTC"
             )
     if spec.unique_key is not None and (
-        problem := _text_problem("unique_key", spec.unique_key, MAX_UNIQUE_KEY_BYTES)
+        problem := text_problem("unique_key", spec.unique_key, MAX_UNIQUE_KEY_BYTES)
     ):
         raise reject(problem)
     if spec.tenant is not None and (
-        problem := _text_problem("tenant", spec.tenant, MAX_TENANT_BYTES)
+        problem := text_problem("tenant", spec.tenant, MAX_TENANT_BYTES)
     ):
         raise reject(problem)
     if spec.group is not None and (
-        problem := _text_problem("group", spec.group, MAX_GROUP_KEY_BYTES)
+        problem := text_problem("group", spec.group, MAX_GROUP_KEY_BYTES)
     ):
         raise reject(problem)
     depends_on = after = ttl = unique_for = None
@@ -905,7 +911,7 @@ def _checked_options(spec: JobSpec, reject: Callable[[str], EnqueueError]) -> _C
     if spec.expires_at is not None and (
         not isinstance(spec.expires_at, datetime) or spec.expires_at.utcoffset() is None
     ):
-        raise reject(f"expires_at must be a timezone-aware datetime, got {_shown(spec.expires_at)}")
+        raise reject(f"expires_at must be a timezone-aware datetime, got {shown(spec.expires_at)}")
     if spec.unique_for is not None:
         if spec.unique_key is None:
             raise reject("unique_for needs a unique_key")
@@ -923,35 +929,18 @@ def _rejecter(position: int | None) -> Callable[[str], EnqueueError]:
 
 def _kind_problem(kind: object) -> str | None:
     if not isinstance(kind, str):
-        return f"kind must be a str, got {_shown(kind)}"
+        return f"kind must be a str, got {shown(kind)}"
     if len(kind) > MAX_KIND_CHARS:  # not worth a place in kind_name_problem's cache
-        return f"invalid job kind {_shown(kind)}: over {MAX_KIND_CHARS} characters"
+        return f"invalid job kind {shown(kind)}: over {MAX_KIND_CHARS} characters"
     return kind_name_problem(kind)
 
 
 def _queue_problem(queue: object) -> str | None:
     if not isinstance(queue, str):
-        return f"queue must be a str, got {_shown(queue)}"
+        return f"queue must be a str, got {shown(queue)}"
     if len(queue) > 64:
-        return f"invalid queue name {_shown(queue)}: over 64 characters"
+        return f"invalid queue name {shown(queue)}: over 64 characters"
     return queue_name_problem(queue)
-
-
-def _text_problem(name: str, value: object, max_bytes: int) -> str | None:
-    """Why `value` cannot be stored as the text option `name`, or None."""
-    if not isinstance(value, str):
-        return f"{name} must be a str, got {_shown(value)}"
-    if "\x00" in value:
-        return f"{name} must not contain NUL characters, which PostgreSQL cannot store"
-    try:
-        size = len(value.encode())
-    except UnicodeEncodeError:
-        return f"{name} is not valid Unicode (it holds a lone surrogate): {_shown(value)}"
-    if size == 0:
-        return f"{name} must not be empty (leave it out for none)"
-    if size > max_bytes:
-        return f"{name} is {size} bytes, over the {max_bytes}-byte limit"
-    return None
 
 
 _TOO_DEEP = f"args are nested more than {MAX_ARGS_DEPTH} levels deep"
@@ -982,20 +971,14 @@ def _too_deep(encoded: bytes) -> bool:
 
 
 def _delay_too_long(delay: object) -> str:
-    return f"delay {_shown(delay)} is too long: the job would run on or after 9999-01-01"
+    return f"delay {shown(delay)} is too long: the job would run on or after 9999-01-01"
 
 
 def _check_job_id(job_id: object) -> None:
     if not _is_int(job_id):
-        raise TypeError(f"job ids are integers, got {_shown(job_id)}")
+        raise TypeError(f"job ids are integers, got {shown(job_id)}")
     if not _INT64_MIN <= job_id <= _INT64_MAX:  # type: ignore[operator]
         raise admin.UnknownJobs([job_id])  # type: ignore[list-item]
-
-
-def _shown(value: object, limit: int = 80) -> str:
-    """repr(value), cut short: an error message must not echo megabytes back."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-2:]}"
 
 
 def _is_int(value: object) -> bool:

@@ -18,7 +18,7 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
-from datetime import UTC, date, datetime, time
+from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -65,6 +65,18 @@ class FieldProblem(ValueError):
         self.message = message
 
 
+def session_timeout_problem(value: timedelta) -> str | None:
+    """Why PostgreSQL would refuse `value` as a session's statement_timeout or
+    idle_in_transaction_session_timeout (whole milliseconds, 1 to 2^31 - 1; 0 would turn
+    the limit off, which every pgjobd session must have), or None."""
+    ms = int(value.total_seconds() * 1000)
+    if ms < 1:
+        return f'must be at least "1ms" (every session has a limit), got {value}'
+    if ms > INT32_MAX:
+        return f"must be at most {INT32_MAX} ms (about 24.8 days, PostgreSQL's limit), got {value}"
+    return None
+
+
 class DatabaseConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     dsn: NonEmptyStr | None = None
     dsn_file: Path | None = None
@@ -90,6 +102,9 @@ class DatabaseConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
             raise FieldProblem(
                 "pool_max", f"must be at least pool_min ({self.pool_min}), got {self.pool_max}"
             )
+        for name in ("statement_timeout", "idle_in_transaction_session_timeout"):
+            if problem := session_timeout_problem(getattr(self, name)):
+                raise FieldProblem(name, problem)
         if self.connect_timeout <= Duration(0):
             raise FieldProblem("connect_timeout", 'must be more than "0s"')
         if self.pooler == "transaction" and self.leader_dsn is None:

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import anyio
 import asyncpg
 
-from pgjobd.config import Config, Pooler
+from pgjobd.config import Config, Pooler, session_timeout_problem
 
 # How long a connection whose statement timed out waits for its cancel to be confirmed.
 CANCEL_WAIT_S = 5.0
@@ -32,6 +32,12 @@ def session_settings(
     """Settings every session pgjobd opens runs with (the daemon's, the client's and the
     CLI's); the name shows in pg_stat_activity. `tenant` sets pgjobd.tenant (see
     sql/rls.sql)."""
+    for name, value in (
+        ("statement_timeout", statement_timeout),
+        ("idle_in_transaction_timeout", idle_in_transaction_timeout),
+    ):
+        if problem := session_timeout_problem(value):
+            raise ValueError(f"{name}: {problem}")
     settings = {
         "application_name": application_name,
         "statement_timeout": str(_ms(statement_timeout)),

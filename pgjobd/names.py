@@ -1,4 +1,5 @@
-"""What a schema name, a queue name and a job kind may look like."""
+"""What a schema name, a queue name and a job kind may look like, and what any other
+text option (a tenant, a unique key, a group) must be for PostgreSQL to store it."""
 
 from __future__ import annotations
 
@@ -42,3 +43,30 @@ def kind_name_problem(name: str) -> str | None:
         f"invalid job kind {name!r}: expected 1-128 characters of letters, digits, "
         "'_', '.', ':' and '-', starting with a letter or '_'"
     )
+
+
+# A tenant as the job tables store it (migration 0005's domain).
+MAX_TENANT_BYTES = 256
+
+
+def text_problem(name: str, value: object, max_bytes: int) -> str | None:
+    """Why `value` cannot be stored as the text option `name`, or None."""
+    if not isinstance(value, str):
+        return f"{name} must be a str, got {shown(value)}"
+    if "\x00" in value:
+        return f"{name} must not contain NUL characters, which PostgreSQL cannot store"
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        return f"{name} is not valid Unicode (it holds a lone surrogate): {shown(value)}"
+    if size == 0:
+        return f"{name} must not be empty (leave it out for none)"
+    if size > max_bytes:
+        return f"{name} is {size} bytes, over the {max_bytes}-byte limit"
+    return None
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """repr(value), cut short: an error message must not echo megabytes back."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-2:]}"

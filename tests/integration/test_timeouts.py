@@ -6,6 +6,7 @@ pool, `pgjobd dev`'s), and the leader's long DDL runs with its own explicit limi
 from __future__ import annotations
 
 import ast
+import json
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -13,11 +14,14 @@ from pathlib import Path
 import anyio
 import asyncpg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import pgjobd
 from pgjobd import Client, cli, db, migrate
-from pgjobd.config import Config, DatabaseConfig
+from pgjobd.config import Config, DatabaseConfig, loads
 from pgjobd.duration import Duration
+from pgjobd.errors import ConfigError
 from pgjobd.roles import RoleContext, as_table_owner
 
 pytestmark = pytest.mark.anyio
@@ -147,3 +151,59 @@ async def test_migrate_runs_under_its_own_limit_and_gives_the_session_its_own_ba
     finally:
         await session.execute(f"DROP SCHEMA IF EXISTS {schema_name} CASCADE")
         await session.close()
+
+
+# Durations at the edges: no limit, below a millisecond, PostgreSQL's 2^31 - 1 ms and just
+# past it, negative, not finite, past int64, malformed, NUL.
+EDGE_DURATIONS = st.one_of(
+    st.sampled_from([
+        "0s", "0.5ms", "1ms", "2147483647ms", "2147483648ms", "24d", "25d", "-1s", "inf",
+        "nan", "", " ", "1x", "\x00", "1s\x00", "9" * 30 + "s", "1e400s", "9223372036854775808ms",
+    ]),
+    st.builds(lambda n, unit: f"{n}{unit}", st.integers(-(2**70), 2**70),
+              st.sampled_from(["ms", "s", "m", "h", "d"])),
+)  # fmt: skip
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(name=st.sampled_from(["statement_timeout", "idle_in_transaction_session_timeout"]),
+       value=EDGE_DURATIONS)  # fmt: skip
+async def test_a_session_timeout_in_the_toml_is_refused_naming_it_or_taken_by_postgresql(
+    dsn: str, schema: str, tmp_path: Path, name: str, value: str
+) -> None:
+    path = tmp_path / "pgjobd.toml"
+    text = f'[database]\nschema = "{schema}"\n{name} = {json.dumps(value)}\n'
+    try:
+        config = loads(text, path)
+    except ConfigError as e:
+        assert f"database.{name}" in str(e), str(e)
+        return
+    # Accepted: every session pgjobd opens with it is one PostgreSQL takes.
+    conn = await asyncpg.connect(dsn, server_settings=db.server_settings(config))
+    try:
+        shown = await conn.fetchval(f"SHOW {name}")
+    finally:
+        await conn.close()
+    assert shown not in ("0", "0ms"), (value, shown)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    value=EDGE_DURATIONS,
+    which=st.sampled_from(["statement_timeout", "idle_in_transaction_timeout"]),
+)
+async def test_a_clients_session_timeout_is_refused_naming_it_or_taken_by_postgresql(
+    dsn: str, schema: str, value: str, which: str
+) -> None:
+    try:
+        client = await Client.connect(dsn, schema=schema, min_size=1, max_size=1,
+                                      **{which: value})  # fmt: skip
+    except (ValueError, TypeError) as e:
+        assert which in str(e) or "duration" in str(e) or "number" in str(e), str(e)
+        return
+    async with client, client.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT 1") == 1

@@ -206,6 +206,15 @@ def test_duplicate_toml_key_is_malformed() -> None:
         ("[queues.q]\ntimeout = '0s'", "queues.q.timeout", 'more than "0s"'),
         ("[database]\nconnect_timeout = '0s'", "database.connect_timeout", 'more than "0s"'),
         ("[database]\nstatement_timeout = '1x'", "database.statement_timeout", "duration"),
+        # PostgreSQL refuses 0 (no limit) on no session and more than 2^31 - 1 ms at connect:
+        # before the bound these passed the config and stopped the daemon at its first connect.
+        ("[database]\nstatement_timeout = '0s'", "database.statement_timeout", 'least "1ms"'),
+        ("[database]\nstatement_timeout = '30d'", "database.statement_timeout", "2147483647"),
+        (
+            "[database]\nidle_in_transaction_session_timeout = '25d'",
+            "database.idle_in_transaction_session_timeout",
+            "PostgreSQL's limit",
+        ),
         ("[daemon]\nlease = '500ms'", "daemon.lease", 'at least "1s", got "500ms"'),
         # constraints and cross-field checks
         ("[queues.q]\nconcurrency = 0", "queues.q.concurrency", "expected an integer >= 1, got 0"),
