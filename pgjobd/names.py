@@ -20,7 +20,7 @@ def schema_name_problem(name: str) -> str | None:
     if SCHEMA_NAME.fullmatch(name):
         return None
     return (
-        f"invalid schema name {name!r}: expected 1-48 characters of a-z, 0-9 and _, "
+        f"invalid schema name {shown(name)}: expected 1-48 characters of a-z, 0-9 and _, "
         "not starting with a digit"
     )
 
@@ -30,7 +30,7 @@ def queue_name_problem(name: str) -> str | None:
     if QUEUE_NAME.fullmatch(name):
         return None
     return (
-        f"invalid queue name {name!r}: expected 1-64 characters of letters, digits, "
+        f"invalid queue name {shown(name)}: expected 1-64 characters of letters, digits, "
         "'_', '.' and '-', starting with a letter or digit"
     )
 
@@ -40,7 +40,7 @@ def kind_name_problem(name: str) -> str | None:
     if KIND_NAME.fullmatch(name):
         return None
     return (
-        f"invalid job kind {name!r}: expected 1-128 characters of letters, digits, "
+        f"invalid job kind {shown(name)}: expected 1-128 characters of letters, digits, "
         "'_', '.', ':' and '-', starting with a letter or '_'"
     )
 

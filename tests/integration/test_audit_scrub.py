@@ -14,6 +14,8 @@ from typing import Any
 import anyio
 import asyncpg
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from pgjobd import admin
 
@@ -210,3 +212,57 @@ async def test_scrub_needs_a_tenant_or_a_kind(conn: asyncpg.Connection, schema: 
         [sys.executable, "-m", "pgjobd", "scrub", "--schema", schema], check=False
     )
     assert done.returncode == 2
+
+
+# Tenants and kinds at the edges: empty, NUL, a lone surrogate, just over the limits,
+# huge, and ordinary ones (which match nothing here).
+EDGE_TEXT = st.one_of(
+    st.sampled_from(["", " ", "\x00", "a\x00b", "\ud800", "t" * 256, "t" * 257, "k" * 129,
+                     "x" * 100_000, "acme", "ok.kind", "-lead", "1st", "ünï", "'; DROP"]),
+    st.text(max_size=20),
+)  # fmt: skip
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(tenant=st.none() | EDGE_TEXT, kind=st.none() | EDGE_TEXT,
+       before=st.none() | st.sampled_from([timedelta(0), timedelta(days=-1),
+                                           timedelta(days=36_500)]))  # fmt: skip
+@example(tenant="a\x00b", kind=None, before=None)
+@example(tenant=None, kind="x" * 100_000, before=None)
+@example(tenant="\ud800", kind="ok", before=timedelta(days=36_500))
+async def test_scrub_refuses_bad_tenants_and_kinds_by_name_and_the_admin_commands_keep_working(
+    conn: asyncpg.Connection,
+    schema: str,
+    tenant: str | None,
+    kind: str | None,
+    before: timedelta | None,
+) -> None:
+    try:
+        done = await admin.scrub(conn, schema, tenant=tenant, kind=kind, before=before)
+    except admin.InvalidInput as e:
+        assert "tenant" in str(e) or "kind" in str(e), str(e)
+        assert len(str(e)) < 400  # names the problem without echoing the value back whole
+    else:
+        assert done.ids == []
+    # Nothing half-written, and what reads the tables still works.
+    assert await conn.fetchval(f"SELECT count(*) FROM {schema}.job_history") == 0
+    await admin.status(conn, schema)
+    await admin.list_jobs(conn, schema)
+    await admin.list_dead(conn, schema)
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [("--tenant", ""), ("--tenant", "t" * 257), ("--kind", "bad kind"), ("--kind", "k" * 129)],
+)
+async def test_the_cli_refuses_a_bad_scrub_filter_as_a_usage_error(
+    dsn: str, schema: str, flag: str, value: str
+) -> None:
+    done = await anyio.run_process(
+        [sys.executable, "-m", "pgjobd", "scrub", flag, value, "--dsn", dsn, "--schema", schema],
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr.decode()
+    assert flag.removeprefix("--") in done.stderr.decode()
