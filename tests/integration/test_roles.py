@@ -6,6 +6,7 @@ each role can do what it is for and is refused the rest."""
 from __future__ import annotations
 
 import sys
+from datetime import timedelta
 
 import anyio
 import asyncpg
@@ -412,3 +413,26 @@ async def test_the_maintenance_functions_do_one_thing_with_checked_arguments(
     finally:
         await worker.close()
     assert await conn.fetchval("SELECT to_regclass($1)", f"{schema}.{attached}") is not None
+
+
+async def test_a_worker_login_claims_from_a_limited_queue_and_recounts_its_depth(
+    dsn: str, conn: asyncpg.Connection, schema: str, logins: dict[str, str]
+) -> None:
+    """Flow control as a login holding only <schema>_worker: the limited claim (and the
+    functions it calls with the caller's rights) and the leader's depth recount. Before
+    their grants, the claim raised "permission denied for function job_claim_flow"."""
+    await conn.execute(
+        f"INSERT INTO {schema}.queue (name, global_concurrency, rate_limit, rate_window, "
+        f"max_depth) VALUES ('limited', 1, 5, interval '1 minute', 100)"
+    )
+    for _ in range(3):
+        await conn.execute(f"SELECT {schema}.enqueue('k', queue => 'limited')")
+    worker = await _connect_as(dsn, logins["worker"])
+    try:
+        queries = for_schema(schema)
+        rows = await queries.job_claim_flow(worker, "limited", 3, "worker-login",
+                                            timedelta(seconds=30))  # fmt: skip
+        assert [r.id is not None for r in rows].count(True) == 1  # global_concurrency 1
+        assert await queries.queue_depth_recount(worker, None) == 1
+    finally:
+        await worker.close()
