@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator
 import anyio
 import asyncpg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pgjobd import Client, admin, migrate
 from pgjobd.errors import EnqueueError
@@ -185,3 +187,51 @@ async def test_rls_is_renewed_by_later_migrates_and_leaves_the_schema_check_clea
     assert await migrate.rls_enabled(conn, schema)
     found = await migrate.verify(conn, schema)
     assert not found.broken and not found.foreign
+
+
+EDGE_TENANTS = st.one_of(
+    st.sampled_from(["", " ", "\x00", "a\x00b", "\ud800", "t" * 256, "t" * 257, "x" * 100_000,
+                     "ünï", "'; DROP TABLE job; --", "acme"]),
+    st.text(max_size=12),
+)  # fmt: skip
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(tenant=EDGE_TENANTS)
+async def test_a_tenant_at_the_edges_is_refused_by_name_or_stored_and_the_fleet_reads_it(
+    dsn: str, conn: asyncpg.Connection, schema: str, tenants: dict[str, object], tenant: str
+) -> None:
+    logins: dict[str, str] = tenants["logins"]  # type: ignore[assignment]
+    before = await conn.fetchval(f"SELECT count(*) FROM {schema}.job")
+    # Through the client: refused at connect, naming the tenant, or its jobs are its own.
+    try:
+        client = await Client.connect(
+            login_dsn(dsn, logins["producer"]), schema=schema, tenant=tenant, max_size=1
+        )
+    except ValueError as e:
+        assert str(e).startswith("tenant"), str(e)
+    else:
+        async with client:
+            job_id = await client.enqueue("k")
+            info = await client.job(job_id)
+            assert info is not None and info.tenant == tenant
+    # From SQL, with the session setting: a clear error and nothing written, or stored.
+    producer = await asyncpg.connect(login_dsn(dsn, logins["producer"]))
+    try:
+        written = None
+        try:
+            await producer.execute("SELECT set_config('pgjobd.tenant', $1, false)", tenant)
+            written = await producer.fetchval(f"SELECT {schema}.enqueue('k')")
+        except (asyncpg.PostgresError, UnicodeEncodeError):
+            pass
+        if written is not None:
+            stored = await conn.fetchval(f"SELECT tenant FROM {schema}.job WHERE id = $1", written)
+            assert stored in (tenant, None), (tenant, stored)  # "" is no tenant
+    finally:
+        await producer.close()
+    assert await conn.fetchval(f"SELECT count(*) FROM {schema}.job") >= before
+    # The fleet's readers keep working whatever was stored.
+    await admin.status(conn, schema)
+    await admin.list_jobs(conn, schema)
