@@ -15,8 +15,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from pgjobd.names import shown, text_problem
+
 REDACTED = "[redacted]"
 MIN_SECRET_CHARS = 3
+
+
+MAX_FIELDS = 100
+MAX_FIELD_BYTES = 256
 
 
 def check_fields(fields: object, where: str) -> tuple[str, ...]:
@@ -28,8 +34,13 @@ def check_fields(fields: object, where: str) -> tuple[str, ...]:
         if not isinstance(field, str):
             raise TypeError(f"{where}: redact: field names are str, not {field!r}")
         if not field or any(not part for part in field.split(".")):
-            raise ValueError(f"{where}: redact: {field!r} is not a field name or dotted path")
+            raise ValueError(f"{where}: redact: {shown(field)} is not a field name or dotted path")
+        # Members store the list in the kind table: it must be text PostgreSQL keeps.
+        if problem := text_problem("redact field", field, MAX_FIELD_BYTES):
+            raise ValueError(f"{where}: redact: {problem}")
         checked.append(field)
+    if len(checked) > MAX_FIELDS:
+        raise ValueError(f"{where}: redact: {len(checked)} fields, over the limit of {MAX_FIELDS}")
     return tuple(checked)
 
 

@@ -9,7 +9,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pgjobd import job
-from pgjobd.redact import MIN_SECRET_CHARS, REDACTED, redact_args, redact_text, secrets
+from pgjobd.redact import (
+    MAX_FIELD_BYTES,
+    MAX_FIELDS,
+    MIN_SECRET_CHARS,
+    REDACTED,
+    check_fields,
+    redact_args,
+    redact_text,
+    secrets,
+)
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=20)
 json_values = st.recursive(
@@ -53,10 +62,45 @@ def test_short_values_are_masked_in_args_but_not_searched_for_in_texts() -> None
 
 @pytest.mark.parametrize(
     ("redact", "error"),
-    [("password", TypeError), ([""], ValueError), (["a..b"], ValueError), ([1], TypeError)],
+    [
+        ("password", TypeError),
+        ([""], ValueError),
+        (["a..b"], ValueError),
+        ([1], TypeError),
+        # Stored by every member that declares the kind: at 754c081 a NUL passed here and made
+        # the declaration fail ("\u0000 cannot be converted to text"), stopping the member.
+        (["a\x00b"], ValueError),
+        (["x" * 257], ValueError),
+        (["f"] * 101, ValueError),
+    ],
 )
 def test_the_redact_option_is_checked_at_decoration(redact: Any, error: type[Exception]) -> None:
     with pytest.raises(error, match="redact"):
 
         @job(redact=redact)
         def handler(args: dict[str, Any]) -> None: ...
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.text(max_size=300),
+            st.sampled_from(
+                ["\x00", "a\x00b", "\ud800", "a" * 256, "a" * 257, "a.b.c", ".", "a.", "ok"]
+            ),
+        ),
+        max_size=120,
+    )
+)
+def test_redact_takes_only_names_a_member_can_store(fields: list[str]) -> None:
+    """What @job(redact=) accepts goes into the kind table when a member declares the
+    kind: a NUL, a lone surrogate or an oversized name must be refused at decoration,
+    not stop the member that declares it."""
+    try:
+        checked = check_fields(fields, "handler h")
+    except ValueError as e:
+        assert "redact" in str(e) and len(str(e)) < 400
+        return
+    assert len(checked) <= MAX_FIELDS
+    for field in checked:
+        assert "\x00" not in field and 0 < len(field.encode()) <= MAX_FIELD_BYTES
