@@ -261,6 +261,13 @@ class Client:
         client._owns_pool = True
         try:
             await client.check_schema()
+        except asyncpg.QueryCanceledError as e:
+            await pool.close()
+            raise ValueError(
+                f"statement_timeout: PostgreSQL cancelled the client's first statement (its "
+                f"schema check) under a limit of {settings['statement_timeout']} ms; a limit "
+                "this short cancels ordinary statements"
+            ) from e
         except BaseException:
             await pool.close()
             raise

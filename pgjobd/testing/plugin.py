@@ -86,10 +86,18 @@ async def pgjobd_client(
 
     from pgjobd import testing  # noqa: PLC0415
     from pgjobd.client import Client  # noqa: PLC0415
+    from pgjobd.db import session_settings  # noqa: PLC0415
     from pgjobd.migrate import migrate  # noqa: PLC0415
 
     schema = f"pgjobd_test_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(pgjobd_dsn)
+    database = pgjobd_config.database
+    admin = await asyncpg.connect(
+        pgjobd_dsn,
+        server_settings=session_settings(
+            database.statement_timeout, database.idle_in_transaction_session_timeout,
+            "pgjobd testing",
+        ),
+    )  # fmt: skip
     try:
         await migrate(admin, schema)
         client = await Client.connect(pgjobd_dsn, schema=schema, min_size=1, max_size=4)
