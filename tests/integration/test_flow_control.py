@@ -472,3 +472,25 @@ async def test_status_shows_each_queues_limits(
         "global_concurrency": None, "running": 0, "rate_limit": None, "max_depth": None,
     }  # fmt: skip
     assert limited["deep"]["max_depth"] == 50
+
+
+async def test_a_limited_or_grouped_claim_never_starts_an_expired_job(
+    conn: asyncpg.Connection, schema: str, fleet: Fleet
+) -> None:
+    """Regression: through migration 0012 job_claim_flow and job_group_heads started jobs
+    past their expires_at (the unlimited claim did not); an expired head keeps its
+    group's place until the reaper ends it."""
+    await _set_limits(conn, schema, limited=QueueConfig(global_concurrency=5))
+    expiring = f"UPDATE {schema}.job SET expires_at = now() - interval '1s' WHERE id = $1"
+    plain = await _enqueue(conn, fleet.q, "work", "limited")
+    head = await _enqueue(conn, fleet.q, "work", "grouped", group="g")
+    behind = await _enqueue(conn, fleet.q, "work", "grouped", group="g")
+    fresh = await _enqueue(conn, fleet.q, "work", "limited")
+    await conn.execute(expiring, plain)
+    await conn.execute(expiring, head)
+    claimed = await conn.fetch(fleet.q.sql("job_claim_flow"), "limited", 10, "m", LEASE)
+    assert [row["id"] for row in claimed] == [fresh]
+    assert await conn.fetch(fleet.q.sql("job_claim_flow"), "grouped", 10, "m", LEASE) == []
+    states = dict(await conn.fetch(f"SELECT id, state FROM {schema}.job"))
+    assert states == {plain: "available", head: "available", behind: "available",
+                      fresh: "running"}  # fmt: skip
