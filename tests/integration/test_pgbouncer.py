@@ -13,7 +13,7 @@ import pytest
 
 from pgjobd import Client, db
 from pgjobd.config import Config, DatabaseConfig, Duration
-from pgjobd.pgbouncer import PgBouncer
+from pgjobd.pgbouncer import PgBouncer, PgBouncerError, find_program
 from tests.e2e.conftest import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -158,6 +158,10 @@ async def test_the_cli_on_a_pooled_config_migrates_directly_and_enqueues_through
 async def test_through_a_session_mode_pgbouncer_the_settings_are_set_once_connected(
     dsn: str, schema: str
 ) -> None:
+    try:
+        find_program()
+    except PgBouncerError as e:
+        pytest.skip(str(e))
     with PgBouncer.start(dsn, pool_mode="session") as bouncer:
         config = Config(
             database=DatabaseConfig(
