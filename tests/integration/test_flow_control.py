@@ -13,6 +13,7 @@ committed count of running jobs over and over while the claimers race.
 
 from __future__ import annotations
 
+import json
 import random
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -494,3 +495,25 @@ async def test_a_limited_or_grouped_claim_never_starts_an_expired_job(
     states = dict(await conn.fetch(f"SELECT id, state FROM {schema}.job"))
     assert states == {plain: "available", head: "available", behind: "available",
                       fresh: "running"}  # fmt: skip
+
+
+async def test_a_job_claimed_from_a_limited_queue_carries_its_trace_and_dependencies(
+    conn: asyncpg.Connection, schema: str, fleet: Fleet
+) -> None:
+    """The limited claim returns what the unlimited one does (before 0012 it returned no
+    trace context and no dependencies, so a worker lost both for a limited queue)."""
+    await _set_limits(conn, schema, limited=QueueConfig(global_concurrency=5))
+    carrier = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    first = await _enqueue(conn, fleet.q, "work", "limited")
+    [first_row] = await conn.fetch(fleet.q.sql("job_claim_flow"), "limited", 1, "m", LEASE)
+    await conn.fetch(fleet.q.sql("job_complete_many"), [first], [first_row["fence"]], [None],
+                     [True])  # fmt: skip
+    traced = await conn.fetchval(
+        f"SELECT {schema}.enqueue('work', '{{}}', queue => 'limited', "
+        "trace_context => $1::jsonb, depends_on => ARRAY[$2::bigint])",
+        json.dumps(carrier), first,
+    )  # fmt: skip
+    [row] = await conn.fetch(fleet.q.sql("job_claim_flow"), "limited", 10, "m", LEASE)
+    assert row["id"] == traced
+    assert json.loads(row["trace_context"]) == carrier
+    assert list(row["depends_on"]) == [first]
