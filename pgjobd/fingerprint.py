@@ -37,3 +37,8 @@ def fingerprint(error_class: str | None, message: str | None, frame: str | None 
     """The fingerprint of an error: LENGTH hex digits."""
     key = "\x1f".join((error_class or "", normalised(message), frame or ""))
     return hashlib.blake2b(key.encode(), digest_size=LENGTH // 2).hexdigest()
+
+
+# Every attempt the reaper ends because its member stopped renewing the lease: one
+# fingerprint, whichever member it was (its name is in the message, not in the key).
+LEASE_EXPIRED = fingerprint("LeaseExpired", "member stopped renewing the lease")

@@ -84,7 +84,8 @@ SELECT (SELECT count(*) FROM resigned), pg_advisory_unlock($2, $3),
 -- and to renew its leases before anything of its is judged lost. A crashed leader's
 -- jobs are still back within its lease + the election (about a second) + a tick.
 -- $1 term, $2 lease (interval), $3 limit, $4 queue names, $5 their max_crashes,
--- $6 max_crashes for other queues
+-- $6 max_crashes for other queues, $7 the attempts' fingerprint (one for every lost
+-- lease, whichever member lost it: fingerprint.LEASE_EXPIRED)
 WITH expired AS (
     SELECT j.id, j.owner AS lost_by,
            {{schema}}.job_end_reason('lease_expired', j.attempt, j.max_attempts, j.crashes,
@@ -120,9 +121,9 @@ WITH expired AS (
     FROM died AS d
 ), attempts AS (
     INSERT INTO {{schema}}.job_attempt (job_id, attempt, queue, kind, member, outcome,
-                                        error_class, error_message)
+                                        error_class, error_message, fingerprint)
     SELECT r.id, r.attempt, r.queue, r.kind, r.lost_by, 'lease_expired', 'LeaseExpired',
-           'member ' || r.lost_by || ' stopped renewing the lease'
+           'member ' || r.lost_by || ' stopped renewing the lease', $7::text
     FROM (SELECT id, attempt, queue, kind, lost_by FROM rescued
           UNION ALL
           SELECT id, attempt, queue, kind, lost_by FROM died) AS r

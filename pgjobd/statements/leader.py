@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import NamedTuple
 
+from pgjobd import fingerprint
 from pgjobd.statements import Conn, Rendered, columns, one_row, rows_of, statement
 
 
@@ -88,7 +89,7 @@ class LeaderStatements(Rendered):
     ) -> Reaped:  # fmt: skip
         record = await conn.fetchrow(
             self.sql("job_reap_expired"), term, lease, limit, *columns(queues, 2),
-            other_max_crashes,
+            other_max_crashes, fingerprint.LEASE_EXPIRED,
         )  # fmt: skip
         return one_row("job_reap_expired", Reaped, record)
 

@@ -223,7 +223,7 @@ async def test_a_crashed_members_jobs_count_until_the_reaper_ends_their_lease(
         )
         term = await leader.fetchval(fleet.q.sql("leader_term_begin"), "test")
         reaped = await conn.fetchrow(
-            fleet.q.sql("job_reap_expired"), term, timedelta(0), 10, [], [], 100
+            fleet.q.sql("job_reap_expired"), term, timedelta(0), 10, [], [], 100, None
         )
     finally:
         await leader.close()

@@ -87,7 +87,7 @@ CASES = [
     ),
     Case(
         "job_reap_expired",
-        lambda s: (s["term"], timedelta(0), BATCH, [QUEUE], [3], 3),
+        lambda s: (s["term"], timedelta(0), BATCH, [QUEUE], [3], 3, "f"),
         (("job_running_idx",),),
     ),
     Case("job_get", lambda s: (s["history_id"],), (("job_pkey",), ("job_history_id_idx",))),

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pgjobd import fingerprint
 from pgjobd.lock_keys import LEADER, lock_key
 from pgjobd.queries import Queries, for_schema
 from pgjobd.statements.job import CompleteRow, FailRow
@@ -102,3 +103,24 @@ async def test_any_interleaving_leaves_exactly_one_final_record(
     if final:
         assert final[0]["owner"] == finished_by
     await conn.execute(f"DELETE FROM {schema}.job WHERE id = $1", job_id)
+
+
+async def test_lost_leases_of_different_members_share_one_fingerprint(
+    world: World, schema: str
+) -> None:
+    """Regression: through 8d5da03 the reaper's lease_expired attempts had no
+    fingerprint, so `dlq list` grouped every job that died of lost leases under none."""
+    conn = world.conn
+    ids = [await conn.fetchval(f"SELECT {schema}.enqueue('k', queue => 'races', "
+                               "max_attempts => 1)") for _ in range(2)]  # fmt: skip
+    for member in ("member-a", "host-b:4242"):
+        assert await world.claim(member) is not None
+    for job_id in ids:
+        assert await world.reap(True, job_id) == 1
+    rows = await conn.fetch(
+        f"SELECT member, fingerprint FROM {schema}.job_attempt WHERE outcome = 'lease_expired'"
+    )
+    assert {r["member"] for r in rows} == {"member-a", "host-b:4242"}
+    assert {r["fingerprint"] for r in rows} == {fingerprint.LEASE_EXPIRED}
+    [group] = await world.q.admin_dlq_groups(conn, None, None, None)
+    assert (group.fingerprint, group.jobs) == (fingerprint.LEASE_EXPIRED, 2)
