@@ -463,3 +463,25 @@ async def test_a_kinds_secret_fields_are_masked_as_the_cli_masks_them(
     assert api["args"]["user"] == "ada" and api["args"]["password"] != "s3"
     page = (await client.get(f"/jobs/{job_id}")).text
     assert "ada" in page and "s3" not in page
+
+
+async def test_a_jobs_page_shows_its_dependencies_dependants_and_expiry(
+    console: Console, conn: asyncpg.Connection, schema: str
+) -> None:
+    first = await conn.fetchval(f"SELECT {schema}.enqueue('step', '{{}}')")
+    second = await conn.fetchval(
+        f"SELECT {schema}.enqueue('step', '{{}}', depends_on => ARRAY[$1::bigint], "
+        "ttl => interval '1 hour')",
+        first,
+    )  # fmt: skip
+    client = await console()
+    blocked = (await client.get(f"/jobs/{second}")).text
+    assert 'class="state state-blocked"' in blocked
+    depends_on = blocked[blocked.index('class="depends-on"') :].split("</dd>")[0]
+    assert f'<a href="/jobs/{first}">{first}</a>' in depends_on
+    expires = blocked[blocked.index('class="expires"') :].split("</dd>")[0]
+    assert expires.split(">", 1)[1].strip() not in ("", "-")
+    waited_on = (await client.get(f"/jobs/{first}")).text
+    dependants = waited_on[waited_on.index('class="dependants"') :].split("</dd>")[0]
+    assert f'<a href="/jobs/{second}">{second}</a>' in dependants
+    assert waited_on[waited_on.index('class="depends-on"') :].split("</dd>")[0].endswith(">-")
