@@ -174,6 +174,10 @@ def parse_size(text: str) -> int:
     return int(match[1]) * _SIZE_UNITS[match[2]]
 
 
+MIN_PRIORITY_AGING = Duration(seconds=1)
+MAX_PRIORITY_AGING = Duration(days=1)
+
+
 class QueueConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     concurrency: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 20
     processes: Annotated[int, msgspec.Meta(ge=1, le=1_000)] = 2
@@ -183,6 +187,10 @@ class QueueConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     backoff_max: Duration = Duration(hours=1)
     max_crashes: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 3
     history: Literal["all", "failures", "none"] = "all"
+    # Priority aging (the leader's priority_ager role): every this long, the oldest
+    # waiting jobs of each priority below the queue's top one move up one step, so a
+    # steady stream of high-priority jobs cannot starve the rest. None: off.
+    priority_aging: Duration | None = None
     # A worker process that ran this many jobs (0: no limit), or grew past this much
     # resident memory ("" or "0": no limit), finishes its jobs and is replaced.
     max_jobs_per_process: Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)] = 0
@@ -206,6 +214,14 @@ class QueueConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             parse_size(self.max_rss)
         except ValueError as e:
             raise FieldProblem("max_rss", str(e)) from None
+        if self.priority_aging is not None and not (
+            MIN_PRIORITY_AGING <= self.priority_aging <= MAX_PRIORITY_AGING
+        ):
+            raise FieldProblem(
+                "priority_aging",
+                f'must be from "{MIN_PRIORITY_AGING}" to "{MAX_PRIORITY_AGING}", '
+                f'got "{self.priority_aging}"',
+            )
         if self.rate_limit is not None:
             try:
                 parse_rate_limit(self.rate_limit)

@@ -60,6 +60,7 @@ from pgjobd.roles.cron import CronTicker
 from pgjobd.roles.depth_counter import DepthCounter
 from pgjobd.roles.horizon import HorizonWatchdog
 from pgjobd.roles.partitions import PartitionRotator
+from pgjobd.roles.priority_ager import PriorityAger
 from pgjobd.roles.queue_stats import QueueStats
 from pgjobd.roles.reaper import Reaper
 from pgjobd.roles.reindexer import Reindexer
@@ -88,6 +89,7 @@ def leader_roles() -> list[Role]:
         QueueStats(),
         DepthCounter(),
         QueueSampler(),
+        PriorityAger(),
     ]
 
 

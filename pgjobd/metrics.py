@@ -151,6 +151,12 @@ ROLE_TICK = Histogram(
 ROLE_ERRORS = Counter(
     "pgjobd_role_errors_total", "Leader role ticks that failed.", ["role"], registry=REGISTRY
 )
+JOBS_AGED = Counter(
+    "pgjobd_jobs_aged_total",
+    "Steps of priority aging: jobs moved up one priority by the leader's priority_ager "
+    "(queues with a priority_aging).",
+    ["queue"], registry=REGISTRY,
+)  # fmt: skip
 JOBS_EXPIRED = Counter(
     "pgjobd_jobs_expired_total",
     "Jobs not started by their expires_at (ttl), ended dead with reason 'expired' by the "

@@ -279,3 +279,41 @@ ON CONFLICT (queue, at) DO NOTHING;
 -- rows. Run inside `fenced`, with queue_sample_record.
 -- $1 retention (interval)
 DELETE FROM {{schema}}.queue_sample AS s WHERE s.at < now() - $1::interval;
+
+-- name: job_priorities_age
+-- Priority aging (roles/priority_ager.py): in queue $1, the $3 oldest available jobs of
+-- each priority below the queue's top one (its smallest priority among available jobs)
+-- that have waited $2 since their run_at move up one step. A moved job keeps its run_at,
+-- so at its new priority it goes before the newer jobs there. Jobs of ordered groups
+-- keep theirs: a group runs in priority order, and aging one member would reorder it.
+-- Levels are found by a loose index scan of job_claim_idx (one probe per priority), so
+-- a tick costs at most (levels x $3) rows, whatever the backlog. Run inside `fenced`.
+-- $1 queue, $2 aging (interval), $3 jobs per priority per tick
+WITH RECURSIVE levels(priority, n) AS (
+    (SELECT j.priority, 1 FROM {{schema}}.job AS j
+     WHERE j.state = 'available' AND j.queue = $1::text
+     ORDER BY j.priority LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.priority FROM {{schema}}.job AS j
+            WHERE j.state = 'available' AND j.queue = $1::text AND j.priority > l.priority
+            ORDER BY j.priority LIMIT 1), l.n + 1
+    FROM levels AS l
+    WHERE l.priority IS NOT NULL
+), moved AS (
+    SELECT o.id
+    FROM levels AS l
+    CROSS JOIN LATERAL (
+        SELECT j.id FROM {{schema}}.job AS j
+        WHERE j.state = 'available' AND j.queue = $1::text AND j.priority = l.priority
+          AND j.run_at <= now() - $2::interval AND j.group_key IS NULL
+        ORDER BY j.run_at, j.id
+        LIMIT $3::integer
+        FOR UPDATE SKIP LOCKED
+    ) AS o
+    WHERE l.priority IS NOT NULL AND l.n > 1
+)
+UPDATE {{schema}}.job AS j
+SET priority = j.priority - 1
+FROM moved AS m
+WHERE j.id = m.id AND j.state = 'available'
+RETURNING j.id;

@@ -86,10 +86,11 @@ class LeaderStatements(Rendered):
     async def job_reap_expired(
         self, conn: Conn, term: int, lease: timedelta, limit: int,
         queues: Sequence[QueueCrashes], other_max_crashes: int,
+        lost_lease_fingerprint: str = fingerprint.LEASE_EXPIRED,
     ) -> Reaped:  # fmt: skip
         record = await conn.fetchrow(
             self.sql("job_reap_expired"), term, lease, limit, *columns(queues, 2),
-            other_max_crashes, fingerprint.LEASE_EXPIRED,
+            other_max_crashes, lost_lease_fingerprint,
         )  # fmt: skip
         return one_row("job_reap_expired", Reaped, record)
 
@@ -137,3 +138,10 @@ class LeaderStatements(Rendered):
     @statement("queue_sample_trim")
     async def queue_sample_trim(self, conn: Conn, retention: timedelta) -> None:
         await conn.execute(self.sql("queue_sample_trim"), retention)
+
+    @statement("job_priorities_age")
+    async def job_priorities_age(
+        self, conn: Conn, queue: str, aging: timedelta, per_priority: int
+    ) -> int:
+        """How many jobs moved up one priority step."""
+        return len(await conn.fetch(self.sql("job_priorities_age"), queue, aging, per_priority))

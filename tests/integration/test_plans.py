@@ -91,6 +91,7 @@ CASES = [
         (("job_running_idx",),),
     ),
     Case("job_get", lambda s: (s["history_id"],), (("job_pkey",), ("job_history_id_idx",))),
+    Case("job_priorities_age", lambda s: (QUEUE, timedelta(0), BATCH), (("job_claim_idx",),)),
 ]
 
 
