@@ -26,6 +26,8 @@ async def run_one(scenario: Scenario, options: Options) -> bool:
         if scenario.netns:
             run.use_netns()
         run.wants_replica = scenario.replica
+        run.wants_pooler = scenario.pooler
+        run.wants_laggy = scenario.laggy
         await run.setup()
         log(
             f"{scenario.name}: {scenario.about}; {options.jobs} jobs, {options.members} "

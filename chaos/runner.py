@@ -31,7 +31,9 @@ from pgjobd import migrate
 from pgjobd.embedded import KILL_SAFE_SETTINGS, Cluster, free_port
 from pgjobd.leader import unsigned
 from pgjobd.lock_keys import LEADER, lock_key
+from pgjobd.pgbouncer import PgBouncer
 
+from .laggy import LaggyProxy
 from .netns import Netns
 
 SCHEMA = "pgjobd"
@@ -166,6 +168,13 @@ class Run:
         self.replica: Cluster | None = None
         self.wants_replica = False
         self.multi_host_dsn: str | None = None
+        # Slot 0's member reaches the server through a proxy that adds latency and
+        # loss on demand (chaos/laggy.py).
+        self.laggy: LaggyProxy | None = None
+        self.wants_laggy = False
+        # A stock PgBouncer in front of the cluster for the members' pools (use_pooler).
+        self.bouncer: PgBouncer | None = None
+        self.wants_pooler = False
         # /readyz answers: (t, member pid, phase, HTTP status or None, body)
         self.readiness: list[tuple[float, int, str, int | None, str]] = []
 
@@ -211,8 +220,11 @@ class Run:
             **self.daemon_overrides,
         }
         o = self.options
+        pooled = f'pooler = "transaction"\nleader_dsn = "{self.dsn}"\n' if self.bouncer else ""
         self.config_path.write_text(
-            f'[database]\nschema = "{SCHEMA}"\npool_max = 6\nconnect_timeout = "3s"\n\n'
+            f'[database]\nschema = "{SCHEMA}"\npool_max = 6\nconnect_timeout = "3s"\n'
+            + pooled
+            + "\n"
             "[daemon]\n"
             + "".join(f"{k} = {v}\n" for k, v in daemon.items())
             + f"\n[queues.default]\nconcurrency = {o.concurrency}\nprocesses = {o.processes}\n"
@@ -232,6 +244,9 @@ class Run:
         self.cluster.settings["listen_addresses"] = f"127.0.0.1,{self.netns.host_ip}"
 
     def member_dsn(self, slot: int) -> str:
+        if slot == 0 and self.laggy is not None:
+            return self.dsn.replace(f"@127.0.0.1:{self.cluster.port}/",
+                                    f"@127.0.0.1:{self.laggy.port}/")  # fmt: skip
         if self.netns is None or slot != 0:
             return self.dsn
         return self.dsn.replace("@127.0.0.1:", f"@{self.netns.host_ip}:")
@@ -252,6 +267,14 @@ class Run:
             await conn.close()
         if self.wants_replica:
             await self._start_replica()
+        if self.wants_laggy:
+            seeded = random.Random(self.rng.random())
+            self.laggy = LaggyProxy("127.0.0.1", self.cluster.port, seeded)
+            await self.laggy.start()
+            log(f"member0's link: a proxy on port {self.laggy.port}")
+        if self.wants_pooler:
+            self.bouncer = await asyncio.to_thread(PgBouncer.start, self.dsn)
+            log(f"pgbouncer (stock, transaction mode) on port {self.bouncer.port}")
         self.write_config()
         for slot in range(self.options.members):
             self.start_member(slot)
@@ -293,11 +316,23 @@ class Run:
         )
         log(f"replica on port {self.replica.port}, synchronous; DSN {self.multi_host_dsn}")
 
+    def restart_pooler(self) -> None:
+        """PgBouncer again on the same port, after it died."""
+        assert self.bouncer is not None
+        port = self.bouncer.port
+        restarts = len(list(self.evidence.glob("pgbouncer-*.log")))
+        with contextlib.suppress(OSError):
+            shutil.copy(self.bouncer.directory / "pgbouncer.log",
+                        self.evidence / f"pgbouncer-{restarts}.log")  # fmt: skip
+        self.bouncer.stop()
+        self.bouncer = PgBouncer.start(self.dsn, port=port)
+
     def start_member(self, slot: int) -> Member:
         generation = sum(1 for m in self.members if m.index == slot)
         log_path = self.evidence / f"member{slot}-{generation}.log"
         dsn = self.member_dsn(slot)
-        env = {**os.environ, "PGJOBD_DSN": dsn, "CHAOS_LEDGER_DSN": dsn}
+        pool_dsn = self.bouncer.dsn() if self.bouncer is not None else dsn
+        env = {**os.environ, "PGJOBD_DSN": pool_dsn, "CHAOS_LEDGER_DSN": dsn}
         env.pop("DATABASE_URL", None)
         command = [sys.executable, "-m", "pgjobd", "run", "--config", str(self.config_path)]
         if self.netns is not None and slot == 0:
@@ -616,6 +651,11 @@ class Run:
                 shutil.copy(self.replica.log_path, self.evidence / "postgresql-replica.log")
             with contextlib.suppress(Exception):
                 self.replica.stop("immediate")
+        if self.bouncer is not None:
+            with contextlib.suppress(Exception):
+                shutil.copy(self.bouncer.directory / "pgbouncer.log",
+                            self.evidence / "pgbouncer.log")  # fmt: skip
+            self.bouncer.stop()
         if self.netns is not None:
             self.netns.destroy()
         shutil.rmtree(self.work, ignore_errors=True)

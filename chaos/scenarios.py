@@ -10,12 +10,14 @@ import os
 import random
 import re
 import signal
+import subprocess
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
 
+from .laggy import Impairment
 from .runner import CONNECTION_ERRORS, LEASE_S, SCHEMA, FaultRecord, Member, Mix, Run, log
 
 
@@ -114,6 +116,11 @@ class Scenario:
     queues: str = ""  # more [queues.*] tables for the members' config
     # Each enqueue batch gets a callback job that depends on all of the batch's jobs.
     fan_in: bool = False
+    # Members' pools through a stock PgBouncer in transaction mode (their leader and
+    # LISTEN sessions direct, on leader_dsn).
+    pooler: bool = False
+    # Slot 0's member reaches the server through chaos/laggy.py's proxy.
+    laggy: bool = False
 
 
 async def _pause(run: Run, low: float, high: float) -> bool:
@@ -159,6 +166,28 @@ async def kill_members(run: Run) -> None:
         members = run.live_members()
         if members:
             await _kill_and_restart(run, run.rng.choice(members), "kill-9-member")
+
+
+async def pooler_faults(run: Run) -> None:
+    """kill -9 of PgBouncer itself (restarted on its port: every pooled connection of
+    every member breaks at once) and of members, in seeded turns."""
+    while await _pause(run, 2.0, 5.0):
+        if run.rng.random() < 0.5:
+            members = run.live_members()
+            if members:
+                await _kill_and_restart(run, run.rng.choice(members), "kill-9-member")
+            continue
+        bouncer = run.bouncer
+        assert bouncer is not None
+
+        async def inject(process: subprocess.Popen[bytes] = bouncer.process) -> None:
+            process.kill()
+            await asyncio.to_thread(process.wait)
+
+        await run.fault("kill-9-pgbouncer", f"pid {bouncer.pid}", inject)
+        await asyncio.sleep(run.rng.uniform(0.2, 2.0))
+        await asyncio.to_thread(run.restart_pooler)
+        log(f"restarted pgbouncer as pid {run.bouncer.pid if run.bouncer else None}")
 
 
 async def kill_leader(run: Run) -> None:
@@ -669,6 +698,48 @@ async def slow_link(run: Run) -> None:
     await asyncio.sleep(max(0.0, run.options.duration - run.elapsed()))
 
 
+async def lossy_link(run: Run) -> None:
+    """Slot 0's link to the database gets latency and loss (chaos/laggy.py: 25-35 ms each
+    way, 2 % of the chunks held 0.2-0.6 s as a lost segment's retransmission would be)
+    for the middle of the fault window; throughput may fall, correctness may not."""
+    proxy = run.laggy
+    assert proxy is not None
+    member = run.slots[0]
+    assert member is not None
+    row = await _member_row(run, member)
+    member_id = row["id"] if row else "?"
+
+    async def finished_by_member0() -> int:
+        rows = await run.query(
+            f"SELECT count(*) AS n FROM {SCHEMA}.job_history WHERE owner = $1", member_id
+        )
+        return int(rows[0]["n"])
+
+    def impair() -> None:
+        proxy.impairment = Impairment()
+
+    def heal() -> None:
+        proxy.impairment = None
+
+    clear_s = run.options.duration * 0.2
+    lossy_s = run.options.duration * 0.5
+    await asyncio.sleep(clear_s)
+    before = await finished_by_member0()
+    await run.fault("lossy-link", "member0: 25-35 ms each way, 2% of chunks stalled",
+                    _async(impair))  # fmt: skip
+    await asyncio.sleep(lossy_s)
+    during = await finished_by_member0() - before
+    await run.fault("link-restored", "member0", _async(heal))
+    summary = (
+        f"member0 finished {before / clear_s:.0f} jobs/s on a clear link, "
+        f"{during / lossy_s:.0f} jobs/s with latency and loss; {proxy.stalled} of "
+        f"{proxy.chunks} chunks stalled"
+    )
+    log(summary)
+    run.notes.append(summary)
+    await asyncio.sleep(max(0.0, run.options.duration - run.elapsed()))
+
+
 FAILOVER_LIMIT_S = 30.0
 
 
@@ -833,12 +904,30 @@ SCENARIOS: dict[str, Scenario] = {
             unstarted_ok=frozenset({"lease_expired"}),
         ),
         Scenario(
+            "lossy-link",
+            "one member's link to the database with 25-35 ms of latency each way and 2% "
+            "of its chunks stalled as lost segments are",
+            lossy_link,
+            laggy=True,
+            unstarted_ok=frozenset({"lease_expired"}),
+        ),
+        Scenario(
             "failover",
             "the primary stopped under load, its synchronous replica promoted; members on "
             "a multi-host DSN (target_session_attrs=read-write)",
             failover,
             replica=True,
             # claims whose commit the dying primary acknowledged to nobody
+            unstarted_ok=frozenset({"lease_expired"}),
+        ),
+        Scenario(
+            "pgbouncer",
+            "members' pools through a stock transaction-mode PgBouncer; kill -9 of "
+            "PgBouncer (restarted) and of members",
+            pooler_faults,
+            pooler=True,
+            # a claim whose commit reached the server but whose answer died with the
+            # pooler or the member
             unstarted_ok=frozenset({"lease_expired"}),
         ),
         Scenario(
@@ -851,4 +940,4 @@ SCENARIOS: dict[str, Scenario] = {
 
 # The CI smoke: short, seeded scenarios that cover process, fleet, server and network faults.
 SMOKE = ["kill-workers", "kill-leader", "pg-restart", "drain-during-claim", "conn-exhaustion",
-         "partition"]  # fmt: skip
+         "partition", "pgbouncer"]  # fmt: skip

@@ -72,9 +72,11 @@ class PgBouncer:
         return (self.directory / "pgbouncer.log").read_text(errors="replace")
 
     @classmethod
-    def start(cls, server_dsn: str, *, pool_mode: PoolMode = "transaction") -> PgBouncer:
-        """A PgBouncer on a free port of 127.0.0.1 in front of the server of
-        `server_dsn` (a postgresql:// URL), in `pool_mode`."""
+    def start(
+        cls, server_dsn: str, *, pool_mode: PoolMode = "transaction", port: int | None = None
+    ) -> PgBouncer:
+        """A PgBouncer on `port` (else a free port) of 127.0.0.1 in front of the server
+        of `server_dsn` (a postgresql:// URL), in `pool_mode`."""
         program = find_program()
         url = urlsplit(server_dsn)
         if url.scheme not in ("postgresql", "postgres") or not url.hostname:
@@ -84,7 +86,7 @@ class PgBouncer:
         user = url.username or pwd.getpwuid(os.getuid()).pw_name
         directory = Path(tempfile.mkdtemp(prefix="pgjobd-pgbouncer-"))
         run_as = _unprivileged_user() if os.geteuid() == 0 else None
-        port = free_port()
+        port = port or free_port()
         lines = [
             "[databases]",
             f"* = host={url.hostname} port={url.port or 5432}",
