@@ -91,6 +91,10 @@ class DatabaseConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     statement_timeout: Duration = Duration(seconds=30)
     idle_in_transaction_session_timeout: Duration = Duration(seconds=60)
     connect_timeout: Duration = Duration(seconds=10)
+    # How long a starting member waits for the database (or the pooler in front of it)
+    # to answer before it exits 1: one restarted while PgBouncer or PostgreSQL restarts
+    # waits for it.
+    start_wait: Duration = Duration(seconds=30)
 
     def __post_init__(self) -> None:
         if self.dsn is not None and self.dsn_file is not None:
@@ -107,6 +111,10 @@ class DatabaseConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
                 raise FieldProblem(name, problem)
         if self.connect_timeout <= Duration(0):
             raise FieldProblem("connect_timeout", 'must be more than "0s"')
+        if self.start_wait > MAX_START_WAIT:
+            raise FieldProblem(
+                "start_wait", f'must be at most "{MAX_START_WAIT}", got "{self.start_wait}"'
+            )
         if self.pooler == "transaction" and self.leader_dsn is None:
             raise FieldProblem(
                 "leader_dsn",
@@ -174,6 +182,7 @@ def parse_size(text: str) -> int:
     return int(match[1]) * _SIZE_UNITS[match[2]]
 
 
+MAX_START_WAIT = Duration(hours=1)
 MIN_PRIORITY_AGING = Duration(seconds=1)
 MAX_PRIORITY_AGING = Duration(days=1)
 

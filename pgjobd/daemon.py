@@ -39,7 +39,7 @@ import asyncpg
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from pgjobd import db, health, metrics, migrate, systemd
+from pgjobd import db, errors, health, metrics, migrate, systemd
 from pgjobd.client import skip_session_reset
 from pgjobd.completer import FINAL_FLUSH_S, Completer
 from pgjobd.config import Config
@@ -69,6 +69,10 @@ from pgjobd.roles.samples import QueueSampler
 from pgjobd.supervisor import QueueWorkers, become_subreaper
 
 __all__ = ["Member", "leader_roles", "most_telling", "new_member_id"]
+
+# A starting member's tries to reach the database: 0.2 s apart, doubling up to 2 s.
+START_RETRY_FIRST_S = 0.2
+START_RETRY_MAX_S = 2.0
 
 log = logging.getLogger(__name__)
 
@@ -164,10 +168,8 @@ class Member:
 
     async def _run(self) -> None:
         self._subreaper = become_subreaper()
-        pool = await db.create_pool(self.config, reset=skip_session_reset)
+        pool = await self._open_pool()
         try:
-            async with db.acquire(pool) as conn:
-                await migrate.check_schema(conn, self.config.database.schema, deep=True)
             self.vitals.db_ok_at = anyio.current_time()
             await self._serve(pool)
         finally:
@@ -175,6 +177,39 @@ class Member:
                 await end_strays()
             with anyio.move_on_after(5, shield=True):
                 await pool.close()
+
+    async def _open_pool(self) -> asyncpg.Pool:
+        """The member's pool, its schema checked. A database (or pooler) that cannot be
+        reached yet is tried again, backing off, for up to database.start_wait."""
+        deadline = anyio.current_time() + self.config.database.start_wait.total_seconds()
+        backoff_s = START_RETRY_FIRST_S
+        while True:
+            pool: asyncpg.Pool | None = None
+            try:
+                pool = await db.create_pool(self.config, reset=skip_session_reset)
+                async with db.acquire(pool) as conn:
+                    await migrate.check_schema(conn, self.config.database.schema, deep=True)
+                return pool
+            except (*errors.TRANSIENT, asyncpg.TooManyConnectionsError) as e:
+                if pool is not None:
+                    with anyio.move_on_after(5, shield=True):
+                        await pool.close()
+                left_s = deadline - anyio.current_time()
+                if left_s <= 0:
+                    raise
+                self.vitals.db_error = f"{type(e).__name__}: {e}"
+                log.warning(
+                    "the database cannot be reached yet (%s: %s); trying again for %.0fs more",
+                    type(e).__name__, e, left_s,
+                    extra={"event": "db.unreachable_at_start", "error": type(e).__name__},
+                )  # fmt: skip
+                await anyio.sleep(min(backoff_s, left_s))
+                backoff_s = min(backoff_s * 2, START_RETRY_MAX_S)
+            except BaseException:
+                if pool is not None:
+                    with anyio.move_on_after(5, shield=True):
+                        await pool.close()
+                raise
 
     def health_checks(self) -> health.Checks:
         now = anyio.current_time()
