@@ -33,6 +33,7 @@ import os
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 import asyncpg
@@ -70,6 +71,7 @@ from pgjobd.supervisor import QueueWorkers, become_subreaper
 
 __all__ = ["Member", "leader_roles", "most_telling", "new_member_id"]
 
+T = TypeVar("T")
 # A starting member's tries to reach the database: 0.2 s apart, doubling up to 2 s.
 START_RETRY_FIRST_S = 0.2
 START_RETRY_MAX_S = 2.0
@@ -179,37 +181,43 @@ class Member:
                 await pool.close()
 
     async def _open_pool(self) -> asyncpg.Pool:
-        """The member's pool, its schema checked. A database (or pooler) that cannot be
-        reached yet is tried again, backing off, for up to database.start_wait."""
+        """The member's pool, its schema checked (see _at_start)."""
+
+        async def open_and_check() -> asyncpg.Pool:
+            pool = await db.create_pool(self.config, reset=skip_session_reset)
+            try:
+                async with db.acquire(pool) as conn:
+                    await migrate.check_schema(conn, self.config.database.schema, deep=True)
+            except BaseException:
+                with anyio.move_on_after(5, shield=True):
+                    await pool.close()
+                raise
+            return pool
+
+        return await self._at_start("opening the pool", open_and_check)
+
+    async def _at_start(self, what: str, step: Callable[[], Awaitable[T]]) -> T:
+        """Runs a start-up step against the database; while the database (or the pooler
+        in front of it) cannot be reached, tries again, backing off, for up to
+        database.start_wait, then raises what it got. Steps are idempotent."""
         deadline = anyio.current_time() + self.config.database.start_wait.total_seconds()
         backoff_s = START_RETRY_FIRST_S
         while True:
-            pool: asyncpg.Pool | None = None
             try:
-                pool = await db.create_pool(self.config, reset=skip_session_reset)
-                async with db.acquire(pool) as conn:
-                    await migrate.check_schema(conn, self.config.database.schema, deep=True)
-                return pool
+                return await step()
             except (*errors.TRANSIENT, asyncpg.TooManyConnectionsError) as e:
-                if pool is not None:
-                    with anyio.move_on_after(5, shield=True):
-                        await pool.close()
                 left_s = deadline - anyio.current_time()
                 if left_s <= 0:
                     raise
                 self.vitals.db_error = f"{type(e).__name__}: {e}"
                 log.warning(
-                    "the database cannot be reached yet (%s: %s); trying again for %.0fs more",
-                    type(e).__name__, e, left_s,
-                    extra={"event": "db.unreachable_at_start", "error": type(e).__name__},
+                    "%s: the database cannot be reached (%s: %s); trying again for %.0fs more",
+                    what, type(e).__name__, e, left_s,
+                    extra={"event": "db.unreachable_at_start", "step": what,
+                           "error": type(e).__name__},
                 )  # fmt: skip
                 await anyio.sleep(min(backoff_s, left_s))
                 backoff_s = min(backoff_s * 2, START_RETRY_MAX_S)
-            except BaseException:
-                if pool is not None:
-                    with anyio.move_on_after(5, shield=True):
-                        await pool.close()
-                raise
 
     def health_checks(self) -> health.Checks:
         now = anyio.current_time()
@@ -274,7 +282,8 @@ class Member:
             async with anyio.create_task_group() as workers_tg:
                 generations.workers_tg = workers_tg
                 first = await generations.start(self.config)
-                await generations.declare(first)
+                await self._at_start("declaring kinds and limits",
+                                     lambda: generations.declare(first))  # fmt: skip
                 for service in (self.presence, LeaseKeeper()):
                     services.start_soon(watched, ctx, service.name, service.run, ctx)
                 async with anyio.create_task_group() as intake:
@@ -297,7 +306,7 @@ class Member:
                     services.start_soon(self._obey, orders, reloads)
                     await services.start(SignalWatcher(controls).run, ctx)
                     # Joined only now: a member in the table handles SIGTERM and SIGHUP.
-                    await self.presence.join(ctx)
+                    await self._at_start("joining the fleet", lambda: self.presence.join(ctx))
                     self.ready.set()
                     queues = ", ".join(first.workers)
                     systemd.notify("READY=1", f"STATUS=serving queues {queues}")

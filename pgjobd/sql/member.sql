@@ -1,9 +1,12 @@
 -- Fleet presence and declared kinds. "{{schema}}" is the configured schema.
 
 -- name: member_join
+-- Idempotent: a start-up that retries it after an answer lost with its connection
+-- finds its own row.
 -- $1 member id, $2 host, $3 pid, $4 version, $5 queues
 INSERT INTO {{schema}}.member (id, host, pid, version, queues)
-VALUES ($1, $2, $3, $4, $5);
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (id) DO NOTHING;
 
 -- name: member_heartbeat
 -- Returns false if the member row is gone (removed as long dead by the reaper).
