@@ -93,6 +93,20 @@ def schema_name() -> str:
     return f"t_{uuid.uuid4().hex[:16]}"
 
 
+async def drop_schema(conn: asyncpg.Connection, name: str) -> None:
+    """DROP SCHEMA ... CASCADE, tried again while it deadlocks: a member killed at the
+    end of its test may leave a backend finishing a statement on the schema's tables
+    for a moment (in CI: the clock-skew test's leader mid partition DDL)."""
+    for attempt in range(20):
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+            return
+        except asyncpg.DeadlockDetectedError:
+            if attempt == 19:
+                raise
+            await asyncio.sleep(0.25)
+
+
 @pytest.fixture
 async def schema(dsn: str, schema_name: str) -> AsyncIterator[str]:
     """A schema holding the pgjobd tables and functions, dropped after the test."""
@@ -103,7 +117,7 @@ async def schema(dsn: str, schema_name: str) -> AsyncIterator[str]:
         await migrate(admin, schema_name)
         yield schema_name
     finally:
-        await admin.execute(f"DROP SCHEMA IF EXISTS {schema_name} CASCADE")
+        await drop_schema(admin, schema_name)
         await admin.close()
 
 
@@ -237,7 +251,7 @@ def _remaining_schemas(dsn: str, names: list[str]) -> list[str]:
             )
             found.extend(row["nspname"] for row in rows)
             for name in found:
-                await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+                await drop_schema(conn, name)
         finally:
             await conn.close()
 
