@@ -33,6 +33,7 @@ from pgjobd.leader import unsigned
 from pgjobd.lock_keys import LEADER, lock_key
 
 from .netns import Netns
+from .volume import Volume
 
 SCHEMA = "pgjobd"
 DATABASE = "chaos"
@@ -168,6 +169,12 @@ class Run:
         self.multi_host_dsn: str | None = None
         # /readyz answers: (t, member pid, phase, HTTP status or None, body)
         self.readiness: list[tuple[float, int, str, int | None, str]] = []
+        # The server's pg_wal on a small tmpfs of its own (use_wal_volume).
+        self.wal_volume: Volume | None = None
+        # Enqueue tries the server refused: (t, the batch's first n, its jobs, the error).
+        self.refused_enqueues: list[tuple[float, int, int, str]] = []
+        # Batches whose failed try had committed after all (its answer lost): first n.
+        self.enqueues_answer_lost: list[int] = []
 
     # ------------------------------------------------------------------ plumbing
 
@@ -231,6 +238,14 @@ class Run:
         self.netns = Netns.create(os.getpid())
         self.cluster.settings["listen_addresses"] = f"127.0.0.1,{self.netns.host_ip}"
 
+    def use_wal_volume(self, size_mb: int, max_wal_mb: int) -> None:
+        """Put the server's pg_wal on a tmpfs of `size_mb` (mounted now, filled by the
+        scenario), with checkpoints often enough that normal load fits in it."""
+        self.wal_volume = Volume.mount(self.work / "wal", size_mb)
+        self.cluster.settings.update(
+            {"max_wal_size": f"{max_wal_mb}MB", "min_wal_size": "32MB"}  # 2 segments
+        )
+
     def member_dsn(self, slot: int) -> str:
         if self.netns is None or slot != 0:
             return self.dsn
@@ -242,6 +257,11 @@ class Run:
             await asyncio.to_thread(self.cluster.init)
             with (self.cluster.data_dir / "pg_hba.conf").open("a") as hba:
                 hba.write(f"host all all {self.netns.subnet} trust\n")
+        if self.wal_volume is not None:
+            await asyncio.to_thread(self.cluster.init)
+            identity = self.cluster.identity
+            self.wal_volume.take_over(self.cluster.data_dir / "pg_wal", identity.uid,
+                                      identity.gid)  # fmt: skip
         await asyncio.to_thread(self.cluster.start)
         await self.cluster.ensure_database(DATABASE)
         conn = await self.connect()
@@ -382,6 +402,7 @@ class Run:
                         chunk,
                     )
                     if done == len(chunk):
+                        self.enqueues_answer_lost.append(chunk[0])
                         return  # an earlier try committed, its answer was lost
                     if done:
                         raise RuntimeError(f"batch {chunk[0]}: partly enqueued ({done})")
@@ -390,7 +411,9 @@ class Run:
                 finally:
                     with contextlib.suppress(*CONNECTION_ERRORS):
                         await conn.close(timeout=2)
-            except CONNECTION_ERRORS:
+            except CONNECTION_ERRORS as e:
+                refused = (self.elapsed(), chunk[0], len(chunk), f"{type(e).__name__}: {e}")
+                self.refused_enqueues.append(refused)
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.2)
@@ -618,6 +641,9 @@ class Run:
                 self.replica.stop("immediate")
         if self.netns is not None:
             self.netns.destroy()
+        if self.wal_volume is not None:
+            with contextlib.suppress(Exception):
+                self.wal_volume.unmount()
         shutil.rmtree(self.work, ignore_errors=True)
         if not keep:
             shutil.rmtree(self.evidence, ignore_errors=True)

@@ -10,13 +10,14 @@ import os
 import random
 import re
 import signal
+import subprocess
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
 
-from .runner import CONNECTION_ERRORS, LEASE_S, SCHEMA, FaultRecord, Member, Mix, Run, log
+from .runner import CONNECTION_ERRORS, DATABASE, LEASE_S, SCHEMA, FaultRecord, Member, Mix, Run, log
 
 
 def plain_mix(rng: random.Random, n: int) -> tuple[str, dict[str, Any]]:
@@ -114,6 +115,10 @@ class Scenario:
     queues: str = ""  # more [queues.*] tables for the members' config
     # Each enqueue batch gets a callback job that depends on all of the batch's jobs.
     fan_in: bool = False
+    # The server's pg_wal on a tmpfs of this many MB (chaos/volume.py), checkpointed
+    # every max_wal_mb of WAL.
+    wal_volume_mb: int = 0
+    max_wal_mb: int = 64
 
 
 async def _pause(run: Run, low: float, high: float) -> bool:
@@ -719,6 +724,258 @@ async def failover(run: Run) -> None:
     await asyncio.sleep(max(0.0, run.options.duration - run.elapsed()))
 
 
+# ---------------------------------------------------------- disk pressure (issue 18)
+
+WAL_VOLUME_MB = 192  # three times max_wal_size: normal load fits with room to spare
+FILLER_LEAVES = 1 << 20  # less than one 16 MB WAL segment: the next one cannot be made
+REFUSED_WITHIN_S = 30.0
+# WAL of another client, once the filler is in: the volume's last free segments (and
+# those recycled ahead) are used up in seconds rather than by the workload's pace.
+WAL_PUSH = "SELECT pg_logical_emit_message(false, 'chaos disk-full', repeat('x', 1048576))"
+
+
+class _Completions(_Progress):
+    """Completions over time, each sample on a fresh connection: none while the server
+    is away."""
+
+    def __init__(self) -> None:
+        self.samples = []
+
+    async def sample(self, run: Run) -> None:
+        with contextlib.suppress(*CONNECTION_ERRORS):
+            rows = await run.query(
+                f"SELECT (SELECT count(*) FROM {SCHEMA}.job_history) AS done, "
+                f"(SELECT count(*) FROM {SCHEMA}.job WHERE state = 'available') AS waiting",
+                retry_s=0,
+            )
+            self.samples.append((run.elapsed(), rows[0]["done"], rows[0]["waiting"]))
+
+
+async def _poll_readyz(run: Run, phase: str) -> None:
+    """Every live member's /readyz answers; a 503 says why."""
+    for member in run.live_members():
+        port = run.metrics_port(member)
+        if port is None:
+            continue
+        status, body = await _readyz(port)
+        run.readiness.append((run.elapsed(), member.pid, phase, status, body))
+        if status is None:
+            run.violations.append(f"{phase}: /readyz of pid {member.pid} did not answer: {body}")
+        elif status != 200 and not body:
+            run.violations.append(f"{phase}: pid {member.pid} not ready, and said not why")
+
+
+async def _http_get(port: int, path: str) -> str:
+    async with asyncio.timeout(5):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: member\r\n\r\n".encode())
+        await writer.drain()
+        answer = await reader.read()
+        writer.close()
+    return answer.decode(errors="replace")
+
+
+async def _push_wal_until_refused(run: Run) -> tuple[float | None, str]:
+    """Writes WAL until the server refuses a statement: (when, what the client saw), or
+    (None, "") if it never did within REFUSED_WITHIN_S."""
+    until = run.elapsed() + REFUSED_WITHIN_S
+    while run.elapsed() < until:
+        try:
+            await run.query(WAL_PUSH, retry_s=0)
+        except CONNECTION_ERRORS as e:
+            return run.elapsed(), f"{type(e).__name__}: {e}"
+        await asyncio.sleep(0.05)
+    return None, ""
+
+
+async def _server_back(run: Run) -> bool:
+    """Starts the server again if it went down (True: it had to be started), then waits
+    until it answers."""
+    restarted = not run.cluster.running
+    if restarted:
+        await asyncio.to_thread(run.cluster.start)
+    await run.query("SELECT 1", retry_s=60)
+    return restarted
+
+
+def _server_log_lines(run: Run, *needles: str) -> list[str]:
+    text = run.cluster.log_path.read_text(errors="replace")
+    return [line for line in text.splitlines() if any(n in line for n in needles)]
+
+
+def _refusals_summary(run: Run) -> str:
+    refused = run.refused_enqueues
+    if not refused:
+        return "no enqueue was refused"
+    texts: dict[str, int] = {}
+    for *_, text in refused:
+        texts[text[:120]] = texts.get(text[:120], 0) + 1
+    batches = {first: jobs for _, first, jobs, _ in refused}
+    return (
+        f"{len(refused)} enqueue tries refused, t={refused[0][0]:.1f}-{refused[-1][0]:.1f}s "
+        f"({len(batches)} batches, {sum(batches.values())} jobs; "
+        f"{len(run.enqueues_answer_lost)} of them had committed, the answer lost; the "
+        f"others committed on a later try); the client saw: {texts}"
+    )
+
+
+async def _check_integrity(run: Run) -> str:
+    """The job tables read in full and pg_amcheck (heap and every B-tree index, with
+    heapallindexed) over the database; what it found."""
+    rows = await run.query(
+        f"SELECT (SELECT count(*) FROM {SCHEMA}.job) AS job, "
+        f"(SELECT count(*) FROM {SCHEMA}.job_history) AS job_history, "
+        f"(SELECT count(*) FROM {SCHEMA}.job_attempt) AS job_attempt"
+    )
+    counts = dict(rows[0])
+    amcheck = run.cluster.binaries.program("pg_amcheck")
+    if not amcheck.exists():
+        return f"rows {counts}; no pg_amcheck in {amcheck.parent}"
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [str(amcheck), "-h", "127.0.0.1", "-p", str(run.cluster.port), "-U", "postgres",
+         "-d", DATABASE, "--install-missing", "--heapallindexed"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    (run.evidence / "pg_amcheck.txt").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        run.violations.append(
+            f"pg_amcheck found corruption (status {done.returncode}): "
+            f"{(done.stdout + done.stderr)[:500]}"
+        )
+    return f"rows {counts}; pg_amcheck --heapallindexed status {done.returncode}"
+
+
+async def disk_full(run: Run) -> None:
+    """The WAL volume fills: a filler file takes all but 1 MB of the tmpfs under pg_wal,
+    another client's WAL uses up what was left, and the server stops taking writes (it
+    PANICs when it cannot make a WAL segment). Members must ride the outage out without
+    exiting; every enqueue the server acknowledged must end once; enqueues it refused
+    fail with an error. Then the filler is removed (and the server started, if it went
+    down): the completion rate must be back to 90 % of its baseline within 30 s, every
+    member must be ready again without a restart, and the data must check clean."""
+    volume = run.wal_volume
+    assert volume is not None
+    baseline_s = max(3.0, run.options.duration * 0.1)
+    hold_s = max(3.0, run.options.duration * 0.25)
+    members_before = {m.pid for m in run.live_members()}
+    progress = _Completions()
+
+    async def watch_for(seconds: float, phase: str) -> None:
+        until = run.elapsed() + seconds
+        while run.elapsed() < until:
+            await progress.sample(run)
+            await _poll_readyz(run, phase)
+            await asyncio.sleep(0.5)
+
+    await watch_for(baseline_s, "baseline")
+    baseline = progress.rate(0.0, run.elapsed())
+    filled: list[int] = []
+
+    async def fill() -> None:
+        filled.append(await asyncio.to_thread(volume.fill, FILLER_LEAVES))
+
+    await run.fault("wal-volume-full", f"filler leaves {FILLER_LEAVES >> 10} kB of "
+                    f"{volume.size_mb} MB", fill)  # fmt: skip
+    filled_at = run.elapsed()
+    refused_at, refused_with = await _push_wal_until_refused(run)
+    if refused_at is None:
+        run.violations.append(
+            f"the server took writes for {REFUSED_WITHIN_S:.0f}s with pg_wal full"
+        )
+    else:
+        log(
+            f"server refused a write {refused_at - filled_at:.1f}s after the filler: {refused_with}"
+        )
+    await watch_for(hold_s, "full")
+    await _save_metrics(run, "metrics-wal-full.txt")
+
+    restarted: list[bool] = []
+
+    async def give_space_back() -> None:
+        volume.empty()
+        restarted.append(await _server_back(run))
+
+    await run.fault("wal-volume-emptied", "filler removed", give_space_back)
+    ended = run.elapsed()
+    recovered_s: float | None = None
+    while run.elapsed() < ended + RECOVERY_LIMIT_S + 5:
+        await progress.sample(run)
+        await _poll_readyz(run, "recovering")
+        now = run.elapsed()
+        caught_up = (
+            bool(progress.samples) and progress.samples[-1][2] == 0 and run.enqueue_done.is_set()
+        )
+        if caught_up or (now - ended >= 2 and progress.rate(now - 2, now) >= 0.9 * baseline):
+            recovered_s = now - ended
+            break
+        await asyncio.sleep(0.5)
+    ready_again_s = await _all_ready_again(run, ended)
+    await _members_rode_it_out(run, members_before)
+    await asyncio.sleep(max(0.0, run.options.duration - run.elapsed()))
+    integrity = await _check_integrity(run)
+
+    panics = _server_log_lines(run, "PANIC", "No space left on device")
+    answers: dict[str, dict[str, int]] = {}
+    for _, _, phase, status, _ in run.readiness:
+        counts = answers.setdefault(phase, {})
+        counts[str(status)] = counts.get(str(status), 0) + 1
+    refused = (
+        f"server refused writes {refused_at - filled_at:.1f}s later ({refused_with[:120]})"
+        if refused_at is not None
+        else "server never refused"
+    )
+    recovery = f"{recovered_s:.1f} s after the fault" if recovered_s is not None else "never"
+    ready = f"{ready_again_s:.1f} s" if ready_again_s is not None else "never"
+    server = "restarted" if restarted and restarted[0] else "stayed up"
+    summary = (
+        f"baseline {baseline:.0f} jobs/s; filler {sum(filled) >> 20} MB; {refused}; held "
+        f"full {hold_s:.0f}s; server {server} when the filler went; back to >= 90 % (or "
+        f"caught up) {recovery}; every member ready again after {ready}; "
+        f"{_refusals_summary(run)}; server log: {panics[:3]}; "
+        f"{integrity}; /readyz answers by phase: {answers}"
+    )
+    log(summary)
+    run.notes.append(summary)
+    if recovered_s is None or recovered_s > RECOVERY_LIMIT_S:
+        run.violations.append(f"no recovery within {RECOVERY_LIMIT_S:.0f}s: {summary}")
+
+
+async def _save_metrics(run: Run, name: str) -> None:
+    """One member's /metrics, as it stood, into the evidence folder."""
+    for member in run.live_members():
+        port = run.metrics_port(member)
+        if port is not None:
+            with contextlib.suppress(OSError, TimeoutError):
+                (run.evidence / name).write_text(await _http_get(port, "/metrics"))
+                return
+
+
+async def _all_ready_again(run: Run, since: float) -> float | None:
+    """Seconds from `since` until every live member's /readyz says 200 (None: not within
+    RECOVERY_LIMIT_S, a violation)."""
+    while run.elapsed() < since + RECOVERY_LIMIT_S:
+        answers = [await _readyz(p) for m in run.live_members() if (p := run.metrics_port(m))]
+        if answers and all(status == 200 for status, _ in answers):
+            return run.elapsed() - since
+        await asyncio.sleep(0.5)
+    run.violations.append(f"a member still not ready {RECOVERY_LIMIT_S:.0f}s after the fault")
+    return None
+
+
+async def _members_rode_it_out(run: Run, pids: set[int]) -> None:
+    """The members from before the fault are the ones running now, each heartbeating."""
+    alive = {m.pid for m in run.live_members()}
+    if pids - alive:
+        run.violations.append(f"members {sorted(pids - alive)} did not ride the outage out")
+    rows = await run.query(
+        f"SELECT pid, extract(epoch FROM now() - heartbeat_at)::float8 AS age FROM {SCHEMA}.member"
+    )
+    stale = {r["pid"]: round(r["age"], 1) for r in rows if r["pid"] in pids and r["age"] > 15}
+    if stale:
+        run.violations.append(f"members with no heartbeat for over 15 s after the fault: {stale}")
+
+
 def _async(action: Callable[[], None]) -> Callable[[], Awaitable[None]]:
     async def run_it() -> None:
         await asyncio.to_thread(action)
@@ -839,6 +1096,16 @@ SCENARIOS: dict[str, Scenario] = {
             failover,
             replica=True,
             # claims whose commit the dying primary acknowledged to nobody
+            unstarted_ok=frozenset({"lease_expired"}),
+        ),
+        Scenario(
+            "disk-full",
+            "the WAL volume fills up under load (the server stops taking writes), then "
+            "space returns",
+            disk_full,
+            daemon={"metrics_listen": '"127.0.0.1:0"'},
+            wal_volume_mb=WAL_VOLUME_MB,
+            # a claim whose commit reached the WAL but whose answer died with the server
             unstarted_ok=frozenset({"lease_expired"}),
         ),
         Scenario(
