@@ -25,8 +25,8 @@ async def run_one(scenario: Scenario, options: Options) -> bool:
     try:
         if scenario.netns:
             run.use_netns()
-        if scenario.wal_volume_mb:
-            run.use_wal_volume(scenario.wal_volume_mb, scenario.max_wal_mb)
+        if scenario.full_volume:
+            run.use_volume(scenario.full_volume, scenario.volume_mb, scenario.max_wal_mb)
         run.wants_replica = scenario.replica
         await run.setup()
         log(

@@ -33,7 +33,7 @@ from pgjobd.leader import unsigned
 from pgjobd.lock_keys import LEADER, lock_key
 
 from .netns import Netns
-from .volume import Volume
+from .volume import Volume, relocate
 
 SCHEMA = "pgjobd"
 DATABASE = "chaos"
@@ -169,8 +169,9 @@ class Run:
         self.multi_host_dsn: str | None = None
         # /readyz answers: (t, member pid, phase, HTTP status or None, body)
         self.readiness: list[tuple[float, int, str, int | None, str]] = []
-        # The server's pg_wal on a small tmpfs of its own (use_wal_volume).
-        self.wal_volume: Volume | None = None
+        # The server's pg_wal, or its data directory, on a small tmpfs (use_volume).
+        self.volume: Volume | None = None
+        self.volume_holds = ""
         # Enqueue tries the server refused: (t, the batch's first n, its jobs, the error).
         self.refused_enqueues: list[tuple[float, int, int, str]] = []
         # Batches whose failed try had committed after all (its answer lost): first n.
@@ -238,13 +239,29 @@ class Run:
         self.netns = Netns.create(os.getpid())
         self.cluster.settings["listen_addresses"] = f"127.0.0.1,{self.netns.host_ip}"
 
-    def use_wal_volume(self, size_mb: int, max_wal_mb: int) -> None:
-        """Put the server's pg_wal on a tmpfs of `size_mb` (mounted now, filled by the
-        scenario), with checkpoints often enough that normal load fits in it."""
-        self.wal_volume = Volume.mount(self.work / "wal", size_mb)
+    def use_volume(self, holds: str, size_mb: int, max_wal_mb: int) -> None:
+        """Put the server's pg_wal (`holds` "wal") or its data directory ("data": pg_wal
+        and the server log kept off it) on a tmpfs of `size_mb`, mounted now and filled
+        by the scenario; checkpoints often enough that normal load fits."""
+        where = self.work / "wal" if holds == "wal" else self.cluster.data_dir
+        self.volume = Volume.mount(where, size_mb)
+        self.volume_holds = holds
         self.cluster.settings.update(
             {"max_wal_size": f"{max_wal_mb}MB", "min_wal_size": "32MB"}  # 2 segments
         )
+
+    def _arrange_volume(self) -> None:
+        assert self.volume is not None
+        identity = self.cluster.identity
+        data = self.cluster.data_dir
+        if self.volume_holds == "wal":
+            relocate(data / "pg_wal", self.volume.path, identity.uid, identity.gid)
+            return
+        # Only the data fills: the WAL and the server's log stay on the ordinary disk.
+        relocate(data / "pg_wal", self.work / "wal", identity.uid, identity.gid)
+        server_log = self.work / "server.log"
+        server_log.touch()
+        self.cluster.log_path.symlink_to(server_log)
 
     def member_dsn(self, slot: int) -> str:
         if self.netns is None or slot != 0:
@@ -257,11 +274,9 @@ class Run:
             await asyncio.to_thread(self.cluster.init)
             with (self.cluster.data_dir / "pg_hba.conf").open("a") as hba:
                 hba.write(f"host all all {self.netns.subnet} trust\n")
-        if self.wal_volume is not None:
+        if self.volume is not None:
             await asyncio.to_thread(self.cluster.init)
-            identity = self.cluster.identity
-            self.wal_volume.take_over(self.cluster.data_dir / "pg_wal", identity.uid,
-                                      identity.gid)  # fmt: skip
+            self._arrange_volume()
         await asyncio.to_thread(self.cluster.start)
         await self.cluster.ensure_database(DATABASE)
         conn = await self.connect()
@@ -641,9 +656,9 @@ class Run:
                 self.replica.stop("immediate")
         if self.netns is not None:
             self.netns.destroy()
-        if self.wal_volume is not None:
+        if self.volume is not None:
             with contextlib.suppress(Exception):
-                self.wal_volume.unmount()
+                self.volume.unmount()
         shutil.rmtree(self.work, ignore_errors=True)
         if not keep:
             shutil.rmtree(self.evidence, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import csv
 import datetime
 import os
 import random
@@ -115,9 +116,10 @@ class Scenario:
     queues: str = ""  # more [queues.*] tables for the members' config
     # Each enqueue batch gets a callback job that depends on all of the batch's jobs.
     fan_in: bool = False
-    # The server's pg_wal on a tmpfs of this many MB (chaos/volume.py), checkpointed
-    # every max_wal_mb of WAL.
-    wal_volume_mb: int = 0
+    # The server's pg_wal ("wal") or data directory ("data") on a tmpfs of volume_mb
+    # (chaos/volume.py), checkpointed every max_wal_mb of WAL.
+    full_volume: str = ""
+    volume_mb: int = 0
     max_wal_mb: int = 64
 
 
@@ -727,11 +729,18 @@ async def failover(run: Run) -> None:
 # ---------------------------------------------------------- disk pressure (issue 18)
 
 WAL_VOLUME_MB = 192  # three times max_wal_size: normal load fits with room to spare
+DATA_VOLUME_MB = 320  # an initdb'd cluster (~40 MB) and the workload's tables, with room
 FILLER_LEAVES = 1 << 20  # less than one 16 MB WAL segment: the next one cannot be made
 REFUSED_WITHIN_S = 30.0
-# WAL of another client, once the filler is in: the volume's last free segments (and
-# those recycled ahead) are used up in seconds rather than by the workload's pace.
-WAL_PUSH = "SELECT pg_logical_emit_message(false, 'chaos disk-full', repeat('x', 1048576))"
+READY_AGAIN_LIMIT_S = 10.0
+# Writes of another client, once the filler is in: the volume's last free megabyte (and
+# the WAL segments recycled ahead) are used up in seconds rather than at the workload's
+# pace.
+PUSH = {
+    "wal": "SELECT pg_logical_emit_message(false, 'chaos disk-full', repeat('x', 1048576))",
+    "data": "INSERT INTO public.chaos_ballast SELECT repeat('x', 1000) FROM "
+    "generate_series(1, 2000)",
+}
 
 
 class _Completions(_Progress):
@@ -775,13 +784,13 @@ async def _http_get(port: int, path: str) -> str:
     return answer.decode(errors="replace")
 
 
-async def _push_wal_until_refused(run: Run) -> tuple[float | None, str]:
-    """Writes WAL until the server refuses a statement: (when, what the client saw), or
+async def _push_until_refused(run: Run, sql: str) -> tuple[float | None, str]:
+    """Writes until the server refuses a statement: (when, what the client saw), or
     (None, "") if it never did within REFUSED_WITHIN_S."""
     until = run.elapsed() + REFUSED_WITHIN_S
     while run.elapsed() < until:
         try:
-            await run.query(WAL_PUSH, retry_s=0)
+            await run.query(sql, retry_s=0)
         except CONNECTION_ERRORS as e:
             return run.elapsed(), f"{type(e).__name__}: {e}"
         await asyncio.sleep(0.05)
@@ -847,15 +856,18 @@ async def _check_integrity(run: Run) -> str:
 
 
 async def disk_full(run: Run) -> None:
-    """The WAL volume fills: a filler file takes all but 1 MB of the tmpfs under pg_wal,
-    another client's WAL uses up what was left, and the server stops taking writes (it
-    PANICs when it cannot make a WAL segment). Members must ride the outage out without
-    exiting; every enqueue the server acknowledged must end once; enqueues it refused
-    fail with an error. Then the filler is removed (and the server started, if it went
-    down): the completion rate must be back to 90 % of its baseline within 30 s, every
-    member must be ready again without a restart, and the data must check clean."""
-    volume = run.wal_volume
+    """A volume of the server fills: a filler file takes all but 1 MB of the tmpfs under
+    pg_wal (or under the data directory), another client's writes use up what was left,
+    and the server stops taking writes (with pg_wal full it PANICs when it cannot make a
+    WAL segment; with the data directory full, statements that need a new page fail).
+    Members must ride it out without exiting; every enqueue the server acknowledged must
+    end once; enqueues it refused fail with an error. Then the filler is removed (and the
+    server started, if it went down): the completion rate must be back to 90 % of its
+    baseline within 30 s, every member ready again within 10 s without a restart, and
+    the data must check clean."""
+    volume, holds = run.volume, run.volume_holds
     assert volume is not None
+    await run.query("CREATE TABLE IF NOT EXISTS public.chaos_ballast (b text)")
     baseline_s = max(3.0, run.options.duration * 0.1)
     hold_s = max(3.0, run.options.duration * 0.25)
     members_before = {m.pid for m in run.live_members()}
@@ -875,20 +887,20 @@ async def disk_full(run: Run) -> None:
     async def fill() -> None:
         filled.append(await asyncio.to_thread(volume.fill, FILLER_LEAVES))
 
-    await run.fault("wal-volume-full", f"filler leaves {FILLER_LEAVES >> 10} kB of "
+    await run.fault(f"{holds}-volume-full", f"filler leaves {FILLER_LEAVES >> 10} kB of "
                     f"{volume.size_mb} MB", fill)  # fmt: skip
     filled_at = run.elapsed()
-    refused_at, refused_with = await _push_wal_until_refused(run)
+    refused_at, refused_with = await _push_until_refused(run, PUSH[holds])
     if refused_at is None:
         run.violations.append(
-            f"the server took writes for {REFUSED_WITHIN_S:.0f}s with pg_wal full"
+            f"the server took writes for {REFUSED_WITHIN_S:.0f}s with its {holds} volume full"
         )
     else:
         log(
             f"server refused a write {refused_at - filled_at:.1f}s after the filler: {refused_with}"
         )
     await watch_for(hold_s, "full")
-    await _save_metrics(run, "metrics-wal-full.txt")
+    await _save_metrics(run, f"metrics-{holds}-full.txt")
 
     restarted: list[bool] = []
 
@@ -896,7 +908,7 @@ async def disk_full(run: Run) -> None:
         volume.empty()
         restarted.append(await _server_back(run))
 
-    await run.fault("wal-volume-emptied", "filler removed", give_space_back)
+    await run.fault(f"{holds}-volume-emptied", "filler removed", give_space_back)
     ended = run.elapsed()
     recovered_s: float | None = None
     while run.elapsed() < ended + RECOVERY_LIMIT_S + 5:
@@ -917,9 +929,13 @@ async def disk_full(run: Run) -> None:
 
     panics = _server_log_lines(run, "PANIC", "No space left on device")
     answers: dict[str, dict[str, int]] = {}
-    for _, _, phase, status, _ in run.readiness:
+    reasons: dict[str, int] = {}
+    for _, _, phase, status, body in run.readiness:
         counts = answers.setdefault(phase, {})
         counts[str(status)] = counts.get(str(status), 0) + 1
+        if status != 200:
+            reasons[body[:100]] = reasons.get(body[:100], 0) + 1
+    _save_readiness(run)
     refused = (
         f"server refused writes {refused_at - filled_at:.1f}s later ({refused_with[:120]})"
         if refused_at is not None
@@ -933,12 +949,23 @@ async def disk_full(run: Run) -> None:
         f"full {hold_s:.0f}s; server {server} when the filler went; back to >= 90 % (or "
         f"caught up) {recovery}; every member ready again after {ready}; "
         f"{_refusals_summary(run)}; server log: {panics[:3]}; "
-        f"{integrity}; /readyz answers by phase: {answers}"
+        f"{integrity}; /readyz answers by phase: {answers}, 503 reasons: {reasons}"
     )
     log(summary)
     run.notes.append(summary)
     if recovered_s is None or recovered_s > RECOVERY_LIMIT_S:
         run.violations.append(f"no recovery within {RECOVERY_LIMIT_S:.0f}s: {summary}")
+    if ready_again_s is not None and ready_again_s > READY_AGAIN_LIMIT_S:
+        run.violations.append(
+            f"members ready again only {ready_again_s:.1f}s after the server was back"
+        )
+
+
+def _save_readiness(run: Run) -> None:
+    with (run.evidence / "readyz.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["t", "member_pid", "phase", "status", "body"])
+        writer.writerows(run.readiness)
 
 
 async def _save_metrics(run: Run, name: str) -> None:
@@ -1104,8 +1131,19 @@ SCENARIOS: dict[str, Scenario] = {
             "space returns",
             disk_full,
             daemon={"metrics_listen": '"127.0.0.1:0"'},
-            wal_volume_mb=WAL_VOLUME_MB,
+            full_volume="wal",
+            volume_mb=WAL_VOLUME_MB,
             # a claim whose commit reached the WAL but whose answer died with the server
+            unstarted_ok=frozenset({"lease_expired"}),
+        ),
+        Scenario(
+            "disk-full-data",
+            "the data directory's volume fills up under load (statements that need a new "
+            "page fail), then space returns",
+            disk_full,
+            daemon={"metrics_listen": '"127.0.0.1:0"'},
+            full_volume="data",
+            volume_mb=DATA_VOLUME_MB,
             unstarted_ok=frozenset({"lease_expired"}),
         ),
         Scenario(

@@ -1,5 +1,6 @@
-"""A small tmpfs that stands for one of the server's volumes (its pg_wal): the scenario
-fills it with a filler file while the server runs, and empties it again.
+"""A small tmpfs that stands for one of the server's volumes (its pg_wal, or its data
+directory): the scenario fills it with a filler file while the server runs, and empties
+it again.
 
 Needs root (`mount -t tmpfs`). Unmounted lazily if something still holds a file in it,
 so that a run that failed half-way leaves no mount behind.
@@ -27,6 +28,19 @@ def available() -> str | None:
     return None
 
 
+def relocate(directory: Path, target: Path, uid: int, gid: int) -> None:
+    """Move `directory`'s contents to `target` and leave a symlink in its place (as
+    `initdb --waldir` does for pg_wal)."""
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in directory.iterdir():
+        shutil.move(str(entry), target / entry.name)
+    directory.rmdir()
+    directory.symlink_to(target)
+    for root, dirs, files in os.walk(target):
+        for name in [".", *dirs, *files]:
+            os.chown(os.path.join(root, name), uid, gid)
+
+
 @dataclass
 class Volume:
     path: Path
@@ -41,17 +55,6 @@ class Volume:
             check=True, capture_output=True,
         )  # fmt: skip
         return cls(path, size_mb, mounted=True)
-
-    def take_over(self, directory: Path, uid: int, gid: int) -> None:
-        """Move `directory`'s contents onto the volume and leave a symlink in its place
-        (as `initdb --waldir` does for pg_wal)."""
-        for entry in directory.iterdir():
-            shutil.move(str(entry), self.path / entry.name)
-        directory.rmdir()
-        directory.symlink_to(self.path)
-        for root, dirs, files in os.walk(self.path):
-            for name in [".", *dirs, *files]:
-                os.chown(os.path.join(root, name), uid, gid)
 
     def free_bytes(self) -> int:
         st = os.statvfs(self.path)
