@@ -135,3 +135,44 @@ async def test_the_listen_session_is_back_soon_after_a_long_outage(
         assert member.process.returncode is None
     finally:
         assert await member.stop() == 0, member.log[-3000:]
+
+
+async def test_a_database_that_refuses_writes_for_a_while_takes_no_member_down(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The server up but refusing every write (read-only here; a full data volume
+    refuses writes that need room, with SQLSTATE 53100): members hold on and carry on
+    once it takes writes again."""
+    await cluster.ensure_database("outage")
+    dsn = cluster.dsn("outage")
+    conn = await asyncpg.connect(dsn)
+    await conn.execute("SET default_transaction_read_only = off")  # this session writes
+    await migrate.migrate(conn, SCHEMA)
+    ledger = tmp_path / "ledger"
+    config = tmp_path / "pgjobd.toml"
+    config.write_text(
+        f'[daemon]\nhandlers = ["{HANDLERS}"]\n{JSON_LOG}lease = "3s"\n'
+        "[queues.default]\nconcurrency = 4\nprocesses = 1\n"
+    )
+    member = await run_member(config, dsn, tmp_path / "member.log")
+    try:
+        await conn.execute(
+            f"SELECT {SCHEMA}.enqueue('record', jsonb_build_object('path', $1::text, "
+            "'hold_s', 0.2)) FROM generate_series(1, 20)",
+            str(ledger),
+        )
+        await wait_until(ledger.exists, what="first job done")
+        await conn.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        await conn.execute("SELECT pg_reload_conf()")
+        await anyio.sleep(8)  # past the heartbeat, lease renewals, claims and role ticks
+        await conn.execute("ALTER SYSTEM RESET default_transaction_read_only")
+        await conn.execute("SELECT pg_reload_conf()")
+
+        async def all_final() -> bool:
+            return await conn.fetchval(f"SELECT count(*) FROM {SCHEMA}.job_history") == 20
+
+        await wait_until(all_final, timeout_s=60, what="20 final records")
+        assert member.process.returncode is None, member.log[-3000:]
+    finally:
+        await conn.close()
+        assert await member.stop() == 0, member.log[-3000:]
