@@ -25,6 +25,8 @@ async def run_one(scenario: Scenario, options: Options) -> bool:
     try:
         if scenario.netns:
             run.use_netns()
+        if scenario.full_volume:
+            run.use_volume(scenario.full_volume, scenario.volume_mb, scenario.max_wal_mb)
         run.wants_replica = scenario.replica
         run.wants_pooler = scenario.pooler
         run.wants_laggy = scenario.laggy

@@ -35,6 +35,7 @@ from pgjobd.pgbouncer import PgBouncer
 
 from .laggy import LaggyProxy
 from .netns import Netns
+from .volume import Volume, relocate
 
 SCHEMA = "pgjobd"
 DATABASE = "chaos"
@@ -177,6 +178,13 @@ class Run:
         self.wants_pooler = False
         # /readyz answers: (t, member pid, phase, HTTP status or None, body)
         self.readiness: list[tuple[float, int, str, int | None, str]] = []
+        # The server's pg_wal, or its data directory, on a small tmpfs (use_volume).
+        self.volume: Volume | None = None
+        self.volume_holds = ""
+        # Enqueue tries the server refused: (t, the batch's first n, its jobs, the error).
+        self.refused_enqueues: list[tuple[float, int, int, str]] = []
+        # Batches whose failed try had committed after all (its answer lost): first n.
+        self.enqueues_answer_lost: list[int] = []
 
     # ------------------------------------------------------------------ plumbing
 
@@ -243,6 +251,30 @@ class Run:
         self.netns = Netns.create(os.getpid())
         self.cluster.settings["listen_addresses"] = f"127.0.0.1,{self.netns.host_ip}"
 
+    def use_volume(self, holds: str, size_mb: int, max_wal_mb: int) -> None:
+        """Put the server's pg_wal (`holds` "wal") or its data directory ("data": pg_wal
+        and the server log kept off it) on a tmpfs of `size_mb`, mounted now and filled
+        by the scenario; checkpoints often enough that normal load fits."""
+        where = self.work / "wal" if holds == "wal" else self.cluster.data_dir
+        self.volume = Volume.mount(where, size_mb)
+        self.volume_holds = holds
+        self.cluster.settings.update(
+            {"max_wal_size": f"{max_wal_mb}MB", "min_wal_size": "32MB"}  # 2 segments
+        )
+
+    def _arrange_volume(self) -> None:
+        assert self.volume is not None
+        identity = self.cluster.identity
+        data = self.cluster.data_dir
+        if self.volume_holds == "wal":
+            relocate(data / "pg_wal", self.volume.path, identity.uid, identity.gid)
+            return
+        # Only the data fills: the WAL and the server's log stay on the ordinary disk.
+        relocate(data / "pg_wal", self.work / "wal", identity.uid, identity.gid)
+        server_log = self.work / "server.log"
+        server_log.touch()
+        self.cluster.log_path.symlink_to(server_log)
+
     def member_dsn(self, slot: int) -> str:
         if slot == 0 and self.laggy is not None:
             return self.dsn.replace(f"@127.0.0.1:{self.cluster.port}/",
@@ -257,6 +289,9 @@ class Run:
             await asyncio.to_thread(self.cluster.init)
             with (self.cluster.data_dir / "pg_hba.conf").open("a") as hba:
                 hba.write(f"host all all {self.netns.subnet} trust\n")
+        if self.volume is not None:
+            await asyncio.to_thread(self.cluster.init)
+            self._arrange_volume()
         await asyncio.to_thread(self.cluster.start)
         await self.cluster.ensure_database(DATABASE)
         conn = await self.connect()
@@ -417,6 +452,7 @@ class Run:
                         chunk,
                     )
                     if done == len(chunk):
+                        self.enqueues_answer_lost.append(chunk[0])
                         return  # an earlier try committed, its answer was lost
                     if done:
                         raise RuntimeError(f"batch {chunk[0]}: partly enqueued ({done})")
@@ -425,7 +461,9 @@ class Run:
                 finally:
                     with contextlib.suppress(*CONNECTION_ERRORS):
                         await conn.close(timeout=2)
-            except CONNECTION_ERRORS:
+            except CONNECTION_ERRORS as e:
+                refused = (self.elapsed(), chunk[0], len(chunk), f"{type(e).__name__}: {e}")
+                self.refused_enqueues.append(refused)
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.2)
@@ -658,6 +696,9 @@ class Run:
             self.bouncer.stop()
         if self.netns is not None:
             self.netns.destroy()
+        if self.volume is not None:
+            with contextlib.suppress(Exception):
+                self.volume.unmount()
         shutil.rmtree(self.work, ignore_errors=True)
         if not keep:
             shutil.rmtree(self.evidence, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import csv
 import datetime
 import os
 import random
@@ -18,7 +19,17 @@ from typing import Any
 import asyncpg
 
 from .laggy import Impairment
-from .runner import CONNECTION_ERRORS, LEASE_S, SCHEMA, FaultRecord, Member, Mix, Run, log
+from .runner import (
+    CONNECTION_ERRORS,
+    DATABASE,
+    LEASE_S,
+    SCHEMA,
+    FaultRecord,
+    Member,
+    Mix,
+    Run,
+    log,
+)  # fmt: skip
 
 
 def plain_mix(rng: random.Random, n: int) -> tuple[str, dict[str, Any]]:
@@ -121,6 +132,11 @@ class Scenario:
     pooler: bool = False
     # Slot 0's member reaches the server through chaos/laggy.py's proxy.
     laggy: bool = False
+    # The server's pg_wal ("wal") or data directory ("data") on a tmpfs of volume_mb
+    # (chaos/volume.py), checkpointed every max_wal_mb of WAL.
+    full_volume: str = ""
+    volume_mb: int = 0
+    max_wal_mb: int = 64
 
 
 async def _pause(run: Run, low: float, high: float) -> bool:
@@ -790,6 +806,305 @@ async def failover(run: Run) -> None:
     await asyncio.sleep(max(0.0, run.options.duration - run.elapsed()))
 
 
+# ---------------------------------------------------------- disk pressure (issue 18)
+
+WAL_VOLUME_MB = 192  # three times max_wal_size: normal load fits with room to spare
+DATA_VOLUME_MB = 320  # an initdb'd cluster (~40 MB) and the workload's tables, with room
+FILLER_LEAVES = 1 << 20  # less than one 16 MB WAL segment: the next one cannot be made
+REFUSED_WITHIN_S = 30.0
+READY_AGAIN_LIMIT_S = 10.0
+# Writes of another client, once the filler is in: the volume's last free megabyte (and
+# the WAL segments recycled ahead) are used up in seconds rather than at the workload's
+# pace.
+PUSH = {
+    "wal": "SELECT pg_logical_emit_message(false, 'chaos disk-full', repeat('x', 1048576))",
+    "data": "INSERT INTO public.chaos_ballast SELECT repeat('x', 1000) FROM "
+    "generate_series(1, 2000)",
+}
+
+
+class _Completions(_Progress):
+    """Completions over time, each sample on a fresh connection: none while the server
+    is away."""
+
+    def __init__(self) -> None:
+        self.samples = []
+
+    async def sample(self, run: Run) -> None:
+        with contextlib.suppress(*CONNECTION_ERRORS):
+            rows = await run.query(
+                f"SELECT (SELECT count(*) FROM {SCHEMA}.job_history) AS done, "
+                f"(SELECT count(*) FROM {SCHEMA}.job WHERE state = 'available') AS waiting",
+                retry_s=0,
+            )
+            self.samples.append((run.elapsed(), rows[0]["done"], rows[0]["waiting"]))
+
+
+async def _poll_readyz(run: Run, phase: str) -> list[int | None]:
+    """Every live member's /readyz answers (their statuses); a 503 says why."""
+    statuses: list[int | None] = []
+    for member in run.live_members():
+        port = run.metrics_port(member)
+        if port is None:
+            continue
+        status, body = await _readyz(port)
+        statuses.append(status)
+        run.readiness.append((run.elapsed(), member.pid, phase, status, body))
+        if status is None:
+            run.violations.append(f"{phase}: /readyz of pid {member.pid} did not answer: {body}")
+        elif status != 200 and not body:
+            run.violations.append(f"{phase}: pid {member.pid} not ready, and said not why")
+    return statuses
+
+
+async def _http_get(port: int, path: str) -> str:
+    async with asyncio.timeout(5):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: member\r\n\r\n".encode())
+        await writer.drain()
+        answer = await reader.read()
+        writer.close()
+    return answer.decode(errors="replace")
+
+
+async def _push_until_refused(run: Run, sql: str) -> tuple[float | None, str]:
+    """Writes until the server refuses a statement: (when, what the client saw), or
+    (None, "") if it never did within REFUSED_WITHIN_S."""
+    until = run.elapsed() + REFUSED_WITHIN_S
+    while run.elapsed() < until:
+        try:
+            await run.query(sql, retry_s=0)
+        except CONNECTION_ERRORS as e:
+            return run.elapsed(), f"{type(e).__name__}: {e}"
+        await asyncio.sleep(0.05)
+    return None, ""
+
+
+async def _server_back(run: Run) -> bool:
+    """Starts the server again if it went down (True: it had to be started), then waits
+    until it answers."""
+    restarted = not run.cluster.running
+    if restarted:
+        await asyncio.to_thread(run.cluster.start)
+    await run.query("SELECT 1", retry_s=60)
+    return restarted
+
+
+def _server_log_lines(run: Run, *needles: str) -> list[str]:
+    text = run.cluster.log_path.read_text(errors="replace")
+    return [line for line in text.splitlines() if any(n in line for n in needles)]
+
+
+def _refusals_summary(run: Run) -> str:
+    refused = run.refused_enqueues
+    if not refused:
+        return "no enqueue was refused"
+    texts: dict[str, int] = {}
+    for *_, text in refused:
+        texts[text[:120]] = texts.get(text[:120], 0) + 1
+    batches = {first: jobs for _, first, jobs, _ in refused}
+    return (
+        f"{len(refused)} enqueue tries refused, t={refused[0][0]:.1f}-{refused[-1][0]:.1f}s "
+        f"({len(batches)} batches, {sum(batches.values())} jobs; "
+        f"{len(run.enqueues_answer_lost)} of them had committed, the answer lost; the "
+        f"others committed on a later try); the client saw: {texts}"
+    )
+
+
+async def _check_integrity(run: Run) -> str:
+    """The job tables read in full and pg_amcheck (heap and every B-tree index, with
+    heapallindexed) over the database; what it found."""
+    rows = await run.query(
+        f"SELECT (SELECT count(*) FROM {SCHEMA}.job) AS job, "
+        f"(SELECT count(*) FROM {SCHEMA}.job_history) AS job_history, "
+        f"(SELECT count(*) FROM {SCHEMA}.job_attempt) AS job_attempt"
+    )
+    counts = dict(rows[0])
+    amcheck = run.cluster.binaries.program("pg_amcheck")
+    if not amcheck.exists():
+        return f"rows {counts}; no pg_amcheck in {amcheck.parent}"
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [str(amcheck), "-h", "127.0.0.1", "-p", str(run.cluster.port), "-U", "postgres",
+         "-d", DATABASE, "--install-missing", "--heapallindexed"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    (run.evidence / "pg_amcheck.txt").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        run.violations.append(
+            f"pg_amcheck found corruption (status {done.returncode}): "
+            f"{(done.stdout + done.stderr)[:500]}"
+        )
+    return f"rows {counts}; pg_amcheck --heapallindexed status {done.returncode}"
+
+
+async def disk_full(run: Run) -> None:
+    """A volume of the server fills: a filler file takes all but 1 MB of the tmpfs under
+    pg_wal (or under the data directory), another client's writes use up what was left,
+    and the server stops taking writes (with pg_wal full it PANICs when it cannot make a
+    WAL segment; with the data directory full, statements that need a new page fail).
+    Members must ride it out without exiting; every enqueue the server acknowledged must
+    end once; enqueues it refused fail with an error. Then the filler is removed (and the
+    server started, if it went down): the completion rate must be back to 90 % of its
+    baseline within 30 s, every member ready again within 10 s without a restart, and
+    the data must check clean."""
+    volume, holds = run.volume, run.volume_holds
+    assert volume is not None
+    await run.query("CREATE TABLE IF NOT EXISTS public.chaos_ballast (b text)")
+    baseline_s = max(3.0, run.options.duration * 0.1)
+    hold_s = max(3.0, run.options.duration * 0.25)
+    members_before = {m.pid for m in run.live_members()}
+    progress = _Completions()
+
+    async def watch_for(seconds: float, phase: str) -> None:
+        until = run.elapsed() + seconds
+        while run.elapsed() < until:
+            await progress.sample(run)
+            await _poll_readyz(run, phase)
+            await asyncio.sleep(0.5)
+
+    await watch_for(baseline_s, "baseline")
+    baseline = progress.rate(0.0, run.elapsed())
+    filled: list[int] = []
+
+    async def fill() -> None:
+        filled.append(await asyncio.to_thread(volume.fill, FILLER_LEAVES))
+
+    await run.fault(f"{holds}-volume-full", f"filler leaves {FILLER_LEAVES >> 10} kB of "
+                    f"{volume.size_mb} MB", fill)  # fmt: skip
+    filled_at = run.elapsed()
+    refused_at, refused_with = await _push_until_refused(run, PUSH[holds])
+    if refused_at is None:
+        run.violations.append(
+            f"the server took writes for {REFUSED_WITHIN_S:.0f}s with its {holds} volume full"
+        )
+    else:
+        log(
+            f"server refused a write {refused_at - filled_at:.1f}s after the filler: {refused_with}"
+        )
+    await watch_for(hold_s, "full")
+    await _save_metrics(run, f"metrics-{holds}-full.txt")
+
+    restarted: list[bool] = []
+
+    async def give_space_back() -> None:
+        volume.empty()
+        restarted.append(await _server_back(run))
+
+    await run.fault(f"{holds}-volume-emptied", "filler removed", give_space_back)
+    ended = run.elapsed()
+    recovered_s = ready_again_s = None
+    while run.elapsed() < ended + RECOVERY_LIMIT_S + 5 and recovered_s is None:
+        await progress.sample(run)
+        statuses = await _poll_readyz(run, "recovering")
+        now = run.elapsed()
+        if ready_again_s is None and statuses and all(s == 200 for s in statuses):
+            ready_again_s = now - ended
+        if _recovered(run, progress, baseline, ended):
+            recovered_s = now - ended
+        await asyncio.sleep(0.5)
+    if ready_again_s is None:
+        ready_again_s = await _all_ready_again(run, ended)
+    await _members_rode_it_out(run, members_before)
+    await watch_for(run.options.duration - run.elapsed(), "after")
+    after = progress.rate(ended, ended + 10)
+    integrity = await _check_integrity(run)
+
+    panics = _server_log_lines(run, "PANIC", "No space left on device")
+    answers: dict[str, dict[str, int]] = {}
+    reasons: dict[str, int] = {}
+    for _, _, phase, status, body in run.readiness:
+        counts = answers.setdefault(phase, {})
+        counts[str(status)] = counts.get(str(status), 0) + 1
+        if status != 200:
+            reasons[body[:100]] = reasons.get(body[:100], 0) + 1
+    _save_readiness(run)
+    with (run.evidence / "progress.csv").open("w", newline="") as f:
+        csv.writer(f).writerows([("t", "final_records", "available"), *progress.samples])
+    refused = (
+        f"server refused writes {refused_at - filled_at:.1f}s later ({refused_with[:120]})"
+        if refused_at is not None
+        else "server never refused"
+    )
+    recovery = (
+        f"{recovered_s:.1f} s after the fault ({after:.0f} jobs/s over its first 10 s)"
+        if recovered_s is not None
+        else "never"
+    )
+    ready = f"{ready_again_s:.1f} s" if ready_again_s is not None else "never"
+    server = "restarted" if restarted and restarted[0] else "stayed up"
+    summary = (
+        f"baseline {baseline:.0f} jobs/s; filler {sum(filled) >> 20} MB; {refused}; held "
+        f"full {hold_s:.0f}s; server {server} when the filler went; back to >= 90 % (or "
+        f"caught up) {recovery}; every member ready again after {ready}; "
+        f"{_refusals_summary(run)}; server log: {panics[:3]}; "
+        f"{integrity}; /readyz answers by phase: {answers}, 503 reasons: {reasons}"
+    )
+    log(summary)
+    run.notes.append(summary)
+    if recovered_s is None or recovered_s > RECOVERY_LIMIT_S:
+        run.violations.append(f"no recovery within {RECOVERY_LIMIT_S:.0f}s: {summary}")
+    if ready_again_s is not None and ready_again_s > READY_AGAIN_LIMIT_S:
+        run.violations.append(
+            f"members ready again only {ready_again_s:.1f}s after the server was back"
+        )
+
+
+def _save_readiness(run: Run) -> None:
+    with (run.evidence / "readyz.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["t", "member_pid", "phase", "status", "body"])
+        writer.writerows(run.readiness)
+
+
+def _recovered(run: Run, progress: _Progress, baseline: float, ended: float) -> bool:
+    """The completion rate over the last 2 s is back to 90 % of the baseline, or members
+    keep up with what arrives: the backlog gone once everything was enqueued, or, while
+    the enqueuer still catches up, nothing waiting in the last second's samples and jobs
+    completing."""
+    now = run.elapsed()
+    if now - ended >= 2 and progress.rate(now - 2, now) >= 0.9 * baseline:
+        return True
+    last = [s for s in progress.samples if s[0] >= max(ended, now - 1.2)]
+    keeping_up = len(last) >= 2 and all(s[2] == 0 for s in last) and last[-1][1] > last[0][1]
+    return keeping_up or (bool(last) and last[-1][2] == 0 and run.enqueue_done.is_set())
+
+
+async def _save_metrics(run: Run, name: str) -> None:
+    """One member's /metrics, as it stood, into the evidence folder."""
+    for member in run.live_members():
+        port = run.metrics_port(member)
+        if port is not None:
+            with contextlib.suppress(OSError, TimeoutError):
+                (run.evidence / name).write_text(await _http_get(port, "/metrics"))
+                return
+
+
+async def _all_ready_again(run: Run, since: float) -> float | None:
+    """Seconds from `since` until every live member's /readyz says 200 (None: not within
+    RECOVERY_LIMIT_S, a violation)."""
+    while run.elapsed() < since + RECOVERY_LIMIT_S:
+        answers = [await _readyz(p) for m in run.live_members() if (p := run.metrics_port(m))]
+        if answers and all(status == 200 for status, _ in answers):
+            return run.elapsed() - since
+        await asyncio.sleep(0.5)
+    run.violations.append(f"a member still not ready {RECOVERY_LIMIT_S:.0f}s after the fault")
+    return None
+
+
+async def _members_rode_it_out(run: Run, pids: set[int]) -> None:
+    """The members from before the fault are the ones running now, each heartbeating."""
+    alive = {m.pid for m in run.live_members()}
+    if pids - alive:
+        run.violations.append(f"members {sorted(pids - alive)} did not ride the outage out")
+    rows = await run.query(
+        f"SELECT pid, extract(epoch FROM now() - heartbeat_at)::float8 AS age FROM {SCHEMA}.member"
+    )
+    stale = {r["pid"]: round(r["age"], 1) for r in rows if r["pid"] in pids and r["age"] > 15}
+    if stale:
+        run.violations.append(f"members with no heartbeat for over 15 s after the fault: {stale}")
+
+
 def _async(action: Callable[[], None]) -> Callable[[], Awaitable[None]]:
     async def run_it() -> None:
         await asyncio.to_thread(action)
@@ -931,6 +1246,27 @@ SCENARIOS: dict[str, Scenario] = {
             unstarted_ok=frozenset({"lease_expired"}),
         ),
         Scenario(
+            "disk-full",
+            "the WAL volume fills up under load (the server stops taking writes), then "
+            "space returns",
+            disk_full,
+            daemon={"metrics_listen": '"127.0.0.1:0"'},
+            full_volume="wal",
+            volume_mb=WAL_VOLUME_MB,
+            # a claim whose commit reached the WAL but whose answer died with the server
+            unstarted_ok=frozenset({"lease_expired"}),
+        ),
+        Scenario(
+            "disk-full-data",
+            "the data directory's volume fills up under load (statements that need a new "
+            "page fail), then space returns",
+            disk_full,
+            daemon={"metrics_listen": '"127.0.0.1:0"'},
+            full_volume="data",
+            volume_mb=DATA_VOLUME_MB,
+            unstarted_ok=frozenset({"lease_expired"}),
+        ),
+        Scenario(
             "long-transaction",
             "a transaction holds the xmin horizon while jobs flow",
             long_transaction,
@@ -940,4 +1276,4 @@ SCENARIOS: dict[str, Scenario] = {
 
 # The CI smoke: short, seeded scenarios that cover process, fleet, server and network faults.
 SMOKE = ["kill-workers", "kill-leader", "pg-restart", "drain-during-claim", "conn-exhaustion",
-         "partition", "pgbouncer"]  # fmt: skip
+         "partition", "pgbouncer", "disk-full"]  # fmt: skip

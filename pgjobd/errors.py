@@ -81,6 +81,25 @@ def _transient() -> tuple[type[BaseException], ...]:
     )
 
 
+# SQLSTATE classes of a database that refuses for now, whatever the statement: it is
+# read-only (25), out of resources (53: its disk full, out of memory, no connection
+# slot), a lock or object not available (55), an operator's intervention (57: a
+# statement_timeout, a shutdown), a system or I/O error (58).
+_REFUSING_FOR_NOW = frozenset({"25", "53", "55", "57", "58"})
+
+
+def retry_later(error: BaseException) -> bool:
+    """Whether a loop that must outlive an outage should try again later: a TRANSIENT
+    error, or the server refusing for now (a full disk, read-only)."""
+    import asyncpg  # noqa: PLC0415 (lazy: see above)
+
+    if isinstance(error, globals().get("TRANSIENT") or __getattr__("TRANSIENT")):
+        return True
+    return isinstance(error, asyncpg.PostgresError) and (error.sqlstate or "")[:2] in (
+        _REFUSING_FOR_NOW
+    )
+
+
 def __getattr__(name: str) -> Any:
     if name == "TRANSIENT":
         value = _transient()

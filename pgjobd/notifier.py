@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 
 PING_INTERVAL_S = 5.0
 PING_TIMEOUT_S = 5.0
+# The longest wait between two reconnects, as the leader session's: /readyz wants this
+# session, so after an outage it must be back within seconds of the server.
+RECONNECT_MAX_S = 2.0
 
 
 class Wakeup:
@@ -84,7 +87,7 @@ class Notifier:
                 log.warning(
                     "LISTEN session: cannot connect: %s", e, extra={"event": "listener.down"}
                 )
-                await anyio.sleep(backoff.jittered(min(30.0, 0.5 * 2**failures)))
+                await anyio.sleep(backoff.jittered(min(RECONNECT_MAX_S, 0.5 * 2**failures)))
                 continue
             try:
                 await conn.add_listener(self.channel, self._on_notify)
@@ -107,4 +110,4 @@ class Notifier:
                 with anyio.move_on_after(2, shield=True):
                     await conn.close()
             failures += 1
-            await anyio.sleep(backoff.jittered(min(30.0, 0.2 * 2**failures)))
+            await anyio.sleep(backoff.jittered(min(RECONNECT_MAX_S, 0.2 * 2**failures)))

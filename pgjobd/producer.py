@@ -34,7 +34,7 @@ import asyncpg
 
 from pgjobd import backoff, db, metrics
 from pgjobd.completer import Completer
-from pgjobd.errors import TRANSIENT
+from pgjobd.errors import retry_later
 from pgjobd.model import ClaimedJob
 from pgjobd.notifier import Wakeup
 from pgjobd.queries import Queries
@@ -141,7 +141,9 @@ class Producer:
                         extra={"event": "producer.claim_abandoned", "queue": self.queue},
                     )  # fmt: skip
                     return
-            except TRANSIENT as e:
+            except Exception as e:
+                if not retry_later(e):
+                    raise
                 failures += 1
                 log.warning(
                     "claim from queue %s failed: %s", self.queue, e,

@@ -10,7 +10,7 @@ from typing import ClassVar
 import anyio
 
 from pgjobd import db
-from pgjobd.errors import TRANSIENT
+from pgjobd.errors import retry_later
 from pgjobd.member import MemberContext
 from pgjobd.statements.job import AttemptKey
 from pgjobd.supervisor import JobKey
@@ -37,7 +37,9 @@ class LeaseKeeper:
                     conn, ctx.member_id, [AttemptKey(*key) for key in held],
                     ctx.config.current.daemon.lease,
                 )  # fmt: skip
-        except TRANSIENT as e:
+        except Exception as e:
+            if not retry_later(e):
+                raise
             log.warning("lease renewal failed: %s", e, extra={"event": "lease.renew_failed"})
             return
         # Rows another transaction had locked were skipped, neither renewed nor lost:

@@ -12,7 +12,7 @@ from typing import ClassVar
 import anyio
 
 from pgjobd import __version__, backoff, db, migrate
-from pgjobd.errors import TRANSIENT
+from pgjobd.errors import TRANSIENT, retry_later
 from pgjobd.member import MemberContext
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,9 @@ class Presence:
                     )
                 if not alive:
                     await self.join(ctx)
-            except TRANSIENT as e:
+            except Exception as e:
+                if not retry_later(e):
+                    raise
                 ctx.vitals.db_error = f"heartbeat failed: {e}"
                 log.warning("heartbeat failed: %s", e, extra={"event": "member.heartbeat_failed"})
             else:

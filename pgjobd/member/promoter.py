@@ -9,7 +9,7 @@ from typing import ClassVar
 import anyio
 
 from pgjobd import backoff, db
-from pgjobd.errors import TRANSIENT
+from pgjobd.errors import retry_later
 from pgjobd.member import MemberContext
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,9 @@ class Promoter:
             try:
                 async with db.acquire(ctx.pool) as conn:
                     promoted = await ctx.queries.job_promote_due(conn, PROMOTE_BATCH)
-            except TRANSIENT as e:
+            except Exception as e:
+                if not retry_later(e):
+                    raise
                 log.warning("promoting due jobs failed: %s", e)
                 await anyio.sleep(backoff.jittered(PROMOTE_MAX_SLEEP_S))
                 continue

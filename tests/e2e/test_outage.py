@@ -4,9 +4,11 @@ private cluster the test can stop and start."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import asyncpg
 import pytest
 
@@ -91,4 +93,86 @@ async def test_outcomes_survive_a_database_restart(cluster: Cluster, tmp_path: P
         await wait_until(ready, timeout_s=60, what="/readyz 200 again")
         assert member.process.returncode is None  # the member rode out the outage
     finally:
+        assert await member.stop() == 0, member.log[-3000:]
+
+
+async def test_the_listen_session_is_back_soon_after_a_long_outage(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Found by the chaos scenario disk-full: the LISTEN session's reconnect delay
+    doubled up to 30 s, so after an outage of 20 s it (and /readyz, which wants it)
+    came back 15 s after the server did, while the member was working again."""
+    await cluster.ensure_database("outage")
+    dsn = cluster.dsn("outage")
+    conn = await asyncpg.connect(dsn)
+    await migrate.migrate(conn, SCHEMA)
+    await conn.close()
+    config = tmp_path / "pgjobd.toml"
+    port = free_port()
+    config.write_text(
+        f'[daemon]\nhandlers = ["{HANDLERS}"]\nmetrics_listen = "127.0.0.1:{port}"\n'
+        f"{JSON_LOG}[queues.default]\nconcurrency = 2\nprocesses = 1\n"
+    )
+    member = await run_member(config, dsn, tmp_path / "member.log")
+
+    async def ready() -> bool:
+        try:
+            return (await get(port, "/readyz"))[0] == 200
+        except OSError:  # not serving yet
+            return False
+
+    try:
+        await wait_until(ready, timeout_s=30, what="/readyz 200")
+        cluster.stop("fast")
+        await wait_for_event(member, "listener.down", timeout_s=30)
+        # Long enough for four failed reconnects: delays of 0.4, 2, 4 and 8 s before.
+        await anyio.sleep(18)
+        cluster.start()
+        back = time.monotonic()
+        await wait_until(ready, timeout_s=60, what="/readyz 200 again")
+        took = time.monotonic() - back
+        assert took < 5, f"ready again only {took:.1f} s after the server was back"
+        assert member.process.returncode is None
+    finally:
+        assert await member.stop() == 0, member.log[-3000:]
+
+
+async def test_a_database_that_refuses_writes_for_a_while_takes_no_member_down(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The server up but refusing every write (read-only here; a full data volume
+    refuses writes that need room, with SQLSTATE 53100): members hold on and carry on
+    once it takes writes again."""
+    await cluster.ensure_database("outage")
+    dsn = cluster.dsn("outage")
+    conn = await asyncpg.connect(dsn)
+    await conn.execute("SET default_transaction_read_only = off")  # this session writes
+    await migrate.migrate(conn, SCHEMA)
+    ledger = tmp_path / "ledger"
+    config = tmp_path / "pgjobd.toml"
+    config.write_text(
+        f'[daemon]\nhandlers = ["{HANDLERS}"]\n{JSON_LOG}lease = "3s"\n'
+        "[queues.default]\nconcurrency = 4\nprocesses = 1\n"
+    )
+    member = await run_member(config, dsn, tmp_path / "member.log")
+    try:
+        await conn.execute(
+            f"SELECT {SCHEMA}.enqueue('record', jsonb_build_object('path', $1::text, "
+            "'hold_s', 0.2)) FROM generate_series(1, 20)",
+            str(ledger),
+        )
+        await wait_until(ledger.exists, what="first job done")
+        await conn.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        await conn.execute("SELECT pg_reload_conf()")
+        await anyio.sleep(8)  # past the heartbeat, lease renewals, claims and role ticks
+        await conn.execute("ALTER SYSTEM RESET default_transaction_read_only")
+        await conn.execute("SELECT pg_reload_conf()")
+
+        async def all_final() -> bool:
+            return await conn.fetchval(f"SELECT count(*) FROM {SCHEMA}.job_history") == 20
+
+        await wait_until(all_final, timeout_s=60, what="20 final records")
+        assert member.process.returncode is None, member.log[-3000:]
+    finally:
+        await conn.close()
         assert await member.stop() == 0, member.log[-3000:]

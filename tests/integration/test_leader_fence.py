@@ -6,6 +6,7 @@ database time in each new term before it judges a lease lost."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -360,3 +361,34 @@ async def test_a_lost_connection_is_a_warning_with_the_retry_and_a_bug_an_error(
         assert "retrying in" in record.getMessage()
     bug = [r for r in caplog.records if "role failing failed" in r.getMessage()]
     assert bug and all(r.levelno == logging.ERROR and r.exc_info for r in bug)
+
+
+async def test_after_a_refused_tick_the_reaper_waits_one_lease(
+    dsn: str, conn: asyncpg.Connection, schema: str, leaders: Leaders
+) -> None:
+    # Found by the chaos scenario disk-full-data: with the data volume full the leader
+    # kept its session and its term, its reaper's writes were refused as the members'
+    # outcomes were, and its first tick once space returned took back jobs whose
+    # outcomes members still held (completed work dropped as stale, run again).
+    lease = timedelta(seconds=4)
+    _, ctx = await leaders.elect(lease=lease)
+    await _age_term(conn, schema, ctx.term)
+    job_id = await _expired_job(conn, schema)
+    reaper = Reaper()
+    # A database that refuses writes (full, or read-only) for the leader's pool.
+    refusing = await asyncpg.create_pool(
+        dsn, min_size=1, max_size=1, server_settings={"default_transaction_read_only": "on"}
+    )
+    try:
+        with pytest.raises(asyncpg.PostgresError):
+            await reaper.tick(dataclasses.replace(ctx, pool=refusing))
+    finally:
+        await refusing.close()
+
+    await reaper.tick(ctx)  # writes are taken again: members first get a lease
+    assert (await _job(conn, schema, job_id))["state"] == "running"
+    assert reaper.interval_s(ctx.config) <= lease.total_seconds() + 0.1
+
+    await anyio.sleep(lease.total_seconds())
+    await reaper.tick(ctx)
+    assert (await _job(conn, schema, job_id))["state"] == "available"

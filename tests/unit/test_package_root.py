@@ -10,7 +10,7 @@ import pytest
 
 import pgjobd
 from pgjobd import admin, client, errors, handler_api  # submodules: past the lazy names
-from pgjobd.errors import TRANSIENT
+from pgjobd.errors import TRANSIENT, retry_later
 
 
 def _modules_after(code: str) -> set[str]:
@@ -57,3 +57,13 @@ def test_errors_builds_transient_on_first_use() -> None:
     loaded = _modules_after("import pgjobd.errors")
     assert "asyncpg" not in loaded
     assert OSError in TRANSIENT and asyncpg.exceptions.DeadlockDetectedError in TRANSIENT
+
+
+def test_retry_later_is_a_lost_connection_or_a_database_refusing_for_now() -> None:
+    exceptions = asyncpg.exceptions
+    assert retry_later(OSError()) and retry_later(exceptions.CannotConnectNowError())
+    assert retry_later(exceptions.DiskFullError())  # 53100: its disk is full
+    assert retry_later(exceptions.ReadOnlySQLTransactionError())  # 25006
+    assert retry_later(exceptions.QueryCanceledError())  # 57014: a statement_timeout
+    assert not retry_later(exceptions.UndefinedFunctionError())  # 42883: a bug, loudly
+    assert not retry_later(RuntimeError())
