@@ -205,9 +205,9 @@ class Member:
         while True:
             try:
                 return await step()
-            except (*errors.TRANSIENT, asyncpg.TooManyConnectionsError) as e:
+            except Exception as e:
                 left_s = deadline - anyio.current_time()
-                if left_s <= 0:
+                if not errors.retry_later(e) or left_s <= 0:
                     raise
                 self.vitals.db_error = f"{type(e).__name__}: {e}"
                 log.warning(
