@@ -78,12 +78,12 @@ WITH given AS (
     RETURNING 1
 ), written AS (
     -- A queue that becomes fair: its claims mark jobs from the highest id now (and look
-    -- again at the 20,000 below it, for transactions still running now).
+    -- again at the 2,000 below it, for transactions still running now).
     INSERT INTO {{schema}}.queue AS q (name, global_concurrency, rate_limit, rate_window,
                                        max_depth, tenant_concurrency, fair, limits_by,
                                        limits_at, fair_scanned, fair_settled, fair_scan_xmax)
     SELECT g.name, g.global_concurrency, g.rate_limit, g.rate_window, g.max_depth,
-           g.tenant_concurrency, g.fair, $8, now(), m.top, greatest(m.top - 20000, 0),
+           g.tenant_concurrency, g.fair, $8, now(), m.top, greatest(m.top - 2000, 0),
            pg_snapshot_xmax(pg_current_snapshot())
     FROM given AS g
     CROSS JOIN (SELECT coalesce(max(j.id), 0) AS top FROM {{schema}}.job AS j) AS m

@@ -65,8 +65,10 @@ CREATE INDEX fair_pass_low_idx ON {{schema}}.fair_pass (queue, pass);
 -- seen by a later one: ids at or below fair_scanned count as settled only once every
 -- transaction that was running when they were scanned has ended (fair_scan_xmax), and
 -- the last 100 settled ids are looked at again (an id drawn just before a scan by a
--- statement that had not yet started writing: one per such transaction). A transaction that runs while 20,000
--- more ids are drawn can leave its jobs unmarked: job_claim_flow claims those from the
+-- statement that had not yet started writing: one per such transaction). While a
+-- long transaction holds the horizon back, at most the last 2,000 ids are looked at
+-- again on each claim: a transaction that runs while 2,000 more ids are drawn can
+-- leave its jobs unmarked: job_claim_flow claims those from the
 -- head of the queue, after the fair picks.
 CREATE FUNCTION {{schema}}.fair_tenant_fill(claim_queue text)
 RETURNS void
@@ -93,7 +95,7 @@ BEGIN
     IF q.fair_scan_xmax IS NOT NULL AND snap_xmin >= q.fair_scan_xmax THEN
         settled := greatest(settled, q.fair_scanned);
     END IF;
-    settled := greatest(settled, coalesce(q.fair_scanned, top) - 20000);
+    settled := greatest(settled, coalesce(q.fair_scanned, top) - 2000);
     top := least(top, greatest(coalesce(q.fair_scanned, 0), settled) + 10000);
     UPDATE {{schema}}.job AS j SET fair_tenant = coalesce(j.tenant::text, '')
     WHERE j.id > settled - 100 AND j.id <= top AND j.queue = claim_queue
