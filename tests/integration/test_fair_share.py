@@ -290,6 +290,25 @@ class FairQueue(RuleBasedStateMachine):
         for tenant in [t for t in self.since_start if not self.waiting[t]]:
             del self.since_start[tenant]
 
+    @rule()
+    def window(self) -> None:
+        """With every tenant backlogged, 60 starts split by weight: each tenant's count
+        is off weight / total * 60 by a few starts at most (the passes' spread, at most
+        one start's worth per tenant), whatever happened before, so shares converge."""
+        for tenant in ["a", "b", "c", "d", ""]:
+            if self.waiting[tenant] < 80:
+                self.arrive(tenant, 80 - self.waiting[tenant])
+        before = Counter({t: 0 for t in self.waiting})
+        starts: Counter[str] = Counter()
+        for n in [7, 3, 10, 8, 2, 10, 10, 10]:  # 60
+            waiting = Counter(self.waiting)
+            self.claim(n)
+            starts.update(waiting - self.waiting)
+        total_weight = sum(self.weights.get(t, 1) for t in before)
+        for tenant in before:
+            expected = 60 * self.weights.get(tenant, 1) / total_weight
+            assert abs(starts[tenant] - expected) <= 5, (tenant, starts, self.weights)
+
     @invariant()
     def no_waiting_tenant_starves(self) -> None:
         # Each other tenant starts at most ceil(w_other / w_self) + 1 times between two
