@@ -227,7 +227,9 @@ async def write_queue_limits(
         weights_overridden = []
         if tenants is not None or any(queues[name].fair for name in names):
             weights = dict(tenants or {})
-            weights_overridden = await queries.tenant_weights_write(conn, weights, member_id)
+            weights_overridden = await queries.tenant_weights_write(
+                conn, sorted(weights), [weights[t] for t in sorted(weights)], member_id
+            )
     for row in overridden:
         name = row.name
         before = _limits_text(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import NamedTuple
 
@@ -94,12 +94,9 @@ class MemberStatements(Rendered):
 
     @statement("tenant_weights_write")
     async def tenant_weights_write(
-        self, conn: Conn, weights: Mapping[str, int], member_id: str
+        self, conn: Conn, tenants: Sequence[str], weights: Sequence[int], member_id: str
     ) -> list[WeightOverridden]:
-        tenants = sorted(weights)
-        records = await conn.fetch(
-            self.sql("tenant_weights_write"), tenants, [weights[t] for t in tenants], member_id
-        )
+        records = await conn.fetch(self.sql("tenant_weights_write"), tenants, weights, member_id)
         return rows_of(WeightOverridden, records)
 
     @statement("queue_depth_recount")
