@@ -325,3 +325,21 @@ async def test_fair_share_state_machine(dsn: str, schema: str) -> None:
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     )  # fmt: skip
     await anyio.to_thread.run_sync(FairQueue.TestCase().runTest)
+
+
+async def test_an_unfair_queue_claims_as_before_and_marks_nothing(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    """Regression guard: only a fair queue's claims mark jobs or keep passes; a queue
+    with limits but no fair keeps 0013's order (priority, run_at, id) across tenants."""
+    q = for_schema(schema)
+    await write_queue_limits(conn, q, {"l": QueueConfig(global_concurrency=50)}, "m")
+    first = await _enqueue_many(conn, schema, "l", "a", 5)
+    second = await _enqueue_many(conn, schema, "l", "b", 5)
+    free = await _enqueue_many(conn, schema, "free", "a", 3)
+    assert [r["id"] for r in await _claim(conn, q, "l", 7)] == [*first, *second[:2]]
+    assert [r["id"] for r in await conn.fetch(q.sql("job_claim"), "free", 10, "m", LEASE)] == free
+    assert not await conn.fetchval(
+        f"SELECT count(*) FROM {schema}.job WHERE fair_tenant IS NOT NULL"
+    )
+    assert not await conn.fetchval(f"SELECT count(*) FROM {schema}.fair_pass")
