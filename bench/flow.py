@@ -11,6 +11,9 @@ Two parts, each in its own fresh schema (``bench_flow``, dropped at the end):
     every_limit  ``job_claim_flow`` with global_concurrency 150, rate_limit 10000/1s,
                  a kind with global_concurrency 150 (half the jobs are of it), and half
                  of the jobs in 500 groups
+    tenants      ``job_claim_flow`` with global_concurrency = 150, jobs of 100 tenants
+    fair         as tenants, with fair = true (the claim marks the jobs, then shares
+                 by stride scheduling: migration 0014)
   Printed: jobs/s, and the claim statement's p50/p99 (client-timed).
 - drain: real ``pgjobd run`` members drain N no-op jobs; 2 members with
   ``global_concurrency = 50`` (concurrency 50 each) against 2 members with
@@ -18,7 +21,7 @@ Two parts, each in its own fresh schema (``bench_flow``, dropped at the end):
   enqueue's commit to an empty hot table.
 
     .venv/bin/python bench/flow.py [--reps 3] [--n 20000] [--drain-n 5000] [--dsn DSN]
-        [--parts claim,drain]
+        [--parts claim,drain] [--modes baseline,unlimited,limited,every_limit,tenants,fair]
 
 Not a test: it prints figures, and the ratios beside the issue's targets.
 """
@@ -60,7 +63,7 @@ async def fresh_schema(dsn: str) -> asyncpg.Connection:
 
 
 async def setup_claim(conn: asyncpg.Connection, mode: str, n: int) -> None:
-    await conn.execute(f"TRUNCATE {SCHEMA}.job, {SCHEMA}.flow_start")
+    await conn.execute(f"TRUNCATE {SCHEMA}.job, {SCHEMA}.flow_start, {SCHEMA}.fair_pass")
     await conn.execute(f"DELETE FROM {SCHEMA}.queue")
     await conn.execute(f"DELETE FROM {SCHEMA}.kind")
     if mode == "limited":
@@ -76,15 +79,23 @@ async def setup_claim(conn: asyncpg.Connection, mode: str, n: int) -> None:
             f"INSERT INTO {SCHEMA}.kind (name, queue, global_concurrency) "
             "VALUES ('capped', 'bench', 150)"
         )
+    if mode in ("tenants", "fair"):
+        await conn.execute(
+            f"INSERT INTO {SCHEMA}.queue (name, global_concurrency, fair) "
+            "VALUES ('bench', 150, $1)",
+            mode == "fair",
+        )
     grouped = mode == "every_limit"
     await conn.execute(
-        f"""INSERT INTO {SCHEMA}.job (state, queue, kind, args, group_key)
+        f"""INSERT INTO {SCHEMA}.job (state, queue, kind, args, group_key, tenant)
             SELECT 'available', 'bench', CASE WHEN $2 AND g % 2 = 0 THEN 'capped'
                                               ELSE 'noop' END,
-                   '{{}}'::jsonb, CASE WHEN $2 AND g % 2 = 1 THEN 'g' || (g % 500) END
+                   '{{}}'::jsonb, CASE WHEN $2 AND g % 2 = 1 THEN 'g' || (g % 500) END,
+                   CASE WHEN $3 THEN 't' || (g % 100) END
             FROM generate_series(1, $1) AS g""",
         n,
         grouped,
+        mode in ("tenants", "fair"),
     )
     if grouped:
         await conn.execute(f"UPDATE {SCHEMA}.queue SET grouped = true WHERE name = 'bench'")
@@ -116,7 +127,9 @@ async def claim_loop(dsn: str, statement: str, q: Queries, out: list[float]) -> 
     return done
 
 
-async def claim_part(dsn: str, reps: int, n: int, sessions: int) -> dict[str, list[float]]:
+async def claim_part(
+    dsn: str, reps: int, n: int, sessions: int, modes: list[str]
+) -> dict[str, list[float]]:
     conn = await fresh_schema(dsn)
     q = for_schema(SCHEMA)
     new_guard, old_guard = FLOW_GUARD.format(s=SCHEMA), OLD_GUARD.format(s=SCHEMA)
@@ -126,7 +139,10 @@ async def claim_part(dsn: str, reps: int, n: int, sessions: int) -> dict[str, li
         "unlimited": q.sql("job_claim"),
         "limited": q.sql("job_claim_flow"),
         "every_limit": q.sql("job_claim_flow"),
+        "tenants": q.sql("job_claim_flow"),
+        "fair": q.sql("job_claim_flow"),
     }
+    statements = {mode: statements[mode] for mode in modes}
     rates: dict[str, list[float]] = {mode: [] for mode in statements}
     latencies: dict[str, list[float]] = {mode: [] for mode in statements}
     try:
@@ -147,8 +163,9 @@ async def claim_part(dsn: str, reps: int, n: int, sessions: int) -> dict[str, li
         await conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
         await conn.close()
     print(f"\nclaim: {sessions} sessions, {n} jobs, claim LIMIT 50, {reps} reps")
-    print(f"{'mode':12s} {'jobs/s (median)':>16s} {'ratio':>7s} {'p50 ms':>8s} {'p99 ms':>8s}")
-    base = statistics.median(rates["baseline"])
+    print(f"{'mode':12s} {'jobs/s (median)':>16s} {'ratio':>7s} {'p50 ms':>8s} {'p99 ms':>8s}"
+          f"   (ratio: against {modes[0]})")  # fmt: skip
+    base = statistics.median(rates[modes[0]])
     for mode in statements:
         cuts = statistics.quantiles(latencies[mode], n=100)
         median = statistics.median(rates[mode])
@@ -239,11 +256,16 @@ def main() -> None:
     parser.add_argument("--drain-n", type=int, default=5000)
     parser.add_argument("--sessions", type=int, default=3)
     parser.add_argument("--parts", default="claim,drain")
+    parser.add_argument(
+        "--modes", default="baseline,unlimited,limited,every_limit,tenants,fair",
+        help="claim modes, the first the ratios' baseline",
+    )  # fmt: skip
     args = parser.parse_args()
     parts = args.parts.split(",")
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     if "claim" in parts:
-        asyncio.run(claim_part(args.dsn, args.reps, args.n, args.sessions))
+        modes = args.modes.split(",")
+        asyncio.run(claim_part(args.dsn, args.reps, args.n, args.sessions, modes))
     if "drain" in parts:
         asyncio.run(drain_part(args.dsn, args.reps, args.drain_n))
 

@@ -137,6 +137,8 @@ class QueueLimits(msgspec.Struct, frozen=True):
     running: int
     rate_limit: str | None  # "N/DURATION"
     max_depth: int | None
+    tenant_concurrency: int | None = None
+    fair: bool = False
 
 
 class QueueStatus(msgspec.Struct, frozen=True):
@@ -434,6 +436,8 @@ def _queue_status(row: QueueStatusRow) -> QueueStatus:
         "running": row.running,
         "rate_limit": None if starts is None else str(RateLimit(starts, window)),
         "max_depth": record.pop("max_depth"),
+        "tenant_concurrency": record.pop("tenant_concurrency"),
+        "fair": record.pop("fair"),
     }
     return msgspec.convert(record, QueueStatus)
 

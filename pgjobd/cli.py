@@ -480,6 +480,10 @@ def _limits(limits: admin.QueueLimits) -> str:
         parts.append(f"rate {limits.rate_limit}")
     if limits.max_depth is not None:
         parts.append(f"max_depth {limits.max_depth}")
+    if limits.tenant_concurrency is not None:
+        parts.append(f"per tenant {limits.tenant_concurrency}")
+    if limits.fair:
+        parts.append("fair")
     return ", ".join(parts)
 
 

@@ -32,7 +32,13 @@ from pgjobd.duration import Duration, parse_duration
 from pgjobd.errors import ConfigError
 from pgjobd.flow import RateLimit, parse_rate_limit
 from pgjobd.middleware import name_problem as middleware_name_problem
-from pgjobd.names import kind_name_problem, queue_name_problem, schema_name_problem
+from pgjobd.names import (
+    MAX_TENANT_BYTES,
+    kind_name_problem,
+    queue_name_problem,
+    schema_name_problem,
+    text_problem,
+)
 
 DEFAULT_QUEUE = "default"
 # Searched in this order when neither --config nor $PGJOBD_CONFIG names a file.
@@ -42,6 +48,8 @@ SEARCH_PATHS: tuple[Path, ...] = (Path("pgjobd.toml"), Path("/etc/pgjobd/pgjobd.
 # caller (tests/integration/test_enqueue.py holds the two to the same bound).
 MAX_ARGS_BYTES = 64 * 1024
 INT32_MAX = 2**31 - 1
+# [tenants] weights (the table tenant_weight holds the same bounds).
+MIN_TENANT_WEIGHT, MAX_TENANT_WEIGHT = 1, 10_000
 CRON_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}")
 CRON_ALIASES = frozenset(
     {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
@@ -209,6 +217,10 @@ class QueueConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     global_concurrency: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] | None = None
     rate_limit: str | None = None  # "N/DURATION"
     max_depth: Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)] | None = None
+    # Running jobs per tenant in this queue, whole fleet; `fair`: the queue's starts are
+    # shared across its waiting tenants by their [tenants] weight.
+    tenant_concurrency: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] | None = None
+    fair: bool = False
 
     @property
     def max_rss_bytes(self) -> int:
@@ -377,6 +389,8 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     cron: tuple[CronEntry, ...] = ()
     retention: RetentionConfig = msgspec.field(default_factory=RetentionConfig)
     web: WebConfig = msgspec.field(default_factory=WebConfig)
+    # [tenants]: weights for fair queues (an unlisted tenant weighs 1); None: no table.
+    tenants: dict[str, int] | None = None
     source: Path | None = None
     dsn: str | None = None
     dsn_source: str | None = None
@@ -504,7 +518,7 @@ class _Reader:
         return ConfigError(f"{self.path}: {where}: {message}")
 
     def config(self, data: dict[str, Any]) -> Config:
-        known = ("cron", "daemon", "database", "queues", "retention", "web")
+        known = ("cron", "daemon", "database", "queues", "retention", "tenants", "web")
         for key in data:
             if key not in known:
                 raise self.fail(_toml_key(key), _unknown_key_message(key, known))
@@ -517,6 +531,7 @@ class _Reader:
             cron=self.cron(data.get("cron", [])),
             retention=self.convert(data.get("retention", {}), RetentionConfig, "retention"),
             web=self.convert(data.get("web", {}), WebConfig, "web"),
+            tenants=self.tenants(data.get("tenants")),
             source=self.path,
         )
         config = _resolve_paths(config, self.path.absolute().parent)
@@ -545,6 +560,31 @@ class _Reader:
                 raise self.fail(where, problem)
             queues[name] = self.convert(table, QueueConfig, where)
         return queues
+
+    def tenants(self, table: Any) -> dict[str, int] | None:
+        if table is None:
+            return None
+        if not isinstance(table, dict):
+            raise self.fail(
+                "tenants", f"expected a table of tenant weights, got {_describe_value(table)}"
+            )
+        weights: dict[str, int] = {}
+        for tenant, weight in table.items():
+            where = f"tenants.{_toml_key(tenant)}"
+            # "" names the jobs without a tenant (contract §9).
+            problem = tenant and text_problem("a tenant", tenant, MAX_TENANT_BYTES)
+            if problem:
+                raise self.fail(where, problem)
+            if isinstance(weight, bool) or not isinstance(weight, int):
+                raise self.fail(where, f"expected an integer weight, got {_describe_value(weight)}")
+            if not MIN_TENANT_WEIGHT <= weight <= MAX_TENANT_WEIGHT:
+                raise self.fail(
+                    where,
+                    f"expected an integer >= {MIN_TENANT_WEIGHT} and <= {MAX_TENANT_WEIGHT}, "
+                    f"got {weight}",
+                )
+            weights[tenant] = weight
+        return weights
 
     def cron(self, entries: Any) -> tuple[CronEntry, ...]:
         if not isinstance(entries, list):

@@ -163,8 +163,9 @@ class Generations:
         )  # fmt: skip
         async with db.acquire(self.ctx.pool) as conn:
             await write_queue_limits(
-                conn, self.ctx.queries, generation.config.queues, self.ctx.member_id
-            )
+                conn, self.ctx.queries, generation.config.queues, self.ctx.member_id,
+                tenants=generation.config.tenants,
+            )  # fmt: skip
 
     async def _run_workers(
         self, generation: Generation, *, task_status: TaskStatus[list[KindInfo]]
@@ -203,24 +204,44 @@ class Generations:
 
 
 async def write_queue_limits(
-    conn: asyncpg.Connection, queries: Queries, queues: Mapping[str, QueueConfig], member_id: str
+    conn: asyncpg.Connection,
+    queries: Queries,
+    queues: Mapping[str, QueueConfig],
+    member_id: str,
+    *,
+    tenants: Mapping[str, int] | None = None,
 ) -> None:
-    """Write these queues' fleet-wide limits (the last member to start or reload wins),
-    log where that overrode another member's, and recount a max_depth's estimate."""
+    """Write these queues' fleet-wide limits and, when this config has a [tenants] table
+    or a fair queue, its tenants' weights (the last member to start or reload wins), log
+    where that overrode another member's, and recount a max_depth's estimate."""
     names = sorted(queues)
     rates = [queues[name].rate for name in names]
     limits = [
         QueueLimits(name, queues[name].global_concurrency, rate and rate.starts,
-                    rate and rate.window, queues[name].max_depth)
+                    rate and rate.window, queues[name].max_depth,
+                    queues[name].tenant_concurrency, queues[name].fair)
         for name, rate in zip(names, rates, strict=True)
     ]  # fmt: skip
-    for row in await queries.queue_limits_write(conn, limits, member_id):
+    async with conn.transaction():
+        overridden = await queries.queue_limits_write(conn, limits, member_id)
+        weights_overridden = []
+        if tenants is not None or any(queues[name].fair for name in names):
+            weights = dict(tenants or {})
+            weights_overridden = await queries.tenant_weights_write(
+                conn, sorted(weights), [weights[t] for t in sorted(weights)], member_id
+            )
+    for row in overridden:
         name = row.name
-        before = _limits_text(row.global_concurrency, row.rate_limit, row.rate_window,
-                              row.max_depth)  # fmt: skip
+        before = _limits_text(
+            row.global_concurrency, starts=row.rate_limit, window=row.rate_window,
+            max_depth=row.max_depth, tenant_concurrency=row.tenant_concurrency, fair=row.fair,
+        )  # fmt: skip
         config = queues[name]
-        now = _limits_text(config.global_concurrency, config.rate and config.rate.starts,
-                           config.rate and config.rate.window, config.max_depth)  # fmt: skip
+        now = _limits_text(
+            config.global_concurrency, starts=config.rate and config.rate.starts,
+            window=config.rate and config.rate.window, max_depth=config.max_depth,
+            tenant_concurrency=config.tenant_concurrency, fair=config.fair,
+        )  # fmt: skip
         log.warning(
             "queue %s: this member's limits (%s) replace those member %s wrote (%s); "
             "the last member to start or reload wins fleet-wide", name, now,
@@ -228,18 +249,35 @@ async def write_queue_limits(
             extra={"event": "flow.limits_disagree", "queue": name,
                    "other_member": row.limits_by, "limits": now, "previous": before},
         )  # fmt: skip
+    for weight in weights_overridden:
+        mine = (tenants or {}).get(weight.tenant)
+        now = "unlisted (1)" if mine is None else str(mine)
+        log.warning(
+            "tenant %r: this member's weight (%s) replaces the weight %s member %s wrote; "
+            "the last member to start or reload wins fleet-wide", weight.tenant, now,
+            weight.weight, weight.weights_by,
+            extra={"event": "flow.weights_disagree", "tenant": weight.tenant,
+                   "other_member": weight.weights_by, "weight": mine,
+                   "previous": weight.weight},
+        )  # fmt: skip
     if any(queues[name].max_depth is not None for name in names):
         await queries.queue_depth_recount(conn, names)
 
 
 def _limits_text(
     global_concurrency: int | None,
+    *,
     starts: int | None,
     window: timedelta | None,
     max_depth: int | None,
+    tenant_concurrency: int | None,
+    fair: bool,
 ) -> str:
     rate = None if starts is None or window is None else str(RateLimit(starts, window))
-    return f"global_concurrency={global_concurrency}, rate_limit={rate}, max_depth={max_depth}"
+    return (
+        f"global_concurrency={global_concurrency}, rate_limit={rate}, max_depth={max_depth}, "
+        f"tenant_concurrency={tenant_concurrency}, fair={'true' if fair else 'false'}"
+    )
 
 
 def most_telling(group: BaseExceptionGroup[BaseException]) -> BaseException:

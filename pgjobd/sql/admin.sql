@@ -92,7 +92,8 @@ SELECT n.queue,
        coalesce(f.dead_last_hour, 0) AS dead_last_hour,
        coalesce(f.completed_last_minute, 0) / 60.0::float8 AS throughput_per_s,
        q.global_concurrency, q.rate_limit, q.rate_window, q.max_depth,
-       coalesce(l.blocked, 0) AS blocked
+       coalesce(l.blocked, 0) AS blocked, q.tenant_concurrency,
+       coalesce(q.fair, false) AS fair
 FROM named AS n
 LEFT JOIN live AS l USING (queue)
 LEFT JOIN finished AS f USING (queue)

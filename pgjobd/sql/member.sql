@@ -53,37 +53,96 @@ WHERE (k.queue, k.priority, k.max_attempts, k.timeout_s, k.global_concurrency,
 -- Writes the fleet-wide limits of the queues this member serves, as its config says
 -- (contract §9: the last member to start or reload wins). Returns, for each queue
 -- whose limits this changed from what another member wrote, those previous values,
--- so that the disagreement is logged.
+-- so that the disagreement is logged. A queue that becomes fair has its live
+-- ungrouped jobs marked with their tenant here, in the same statement (fair_tenant:
+-- see migration 0014), and its claims mark new ones from the highest id seen now.
 -- $1 queues, $2 global concurrencies, $3 rate limits (starts), $4 rate windows,
--- $5 max depths, $6 member id
+-- $5 max depths, $6 tenant concurrencies, $7 fair, $8 member id
 WITH given AS (
     SELECT *
-    FROM unnest($1::text[], $2::integer[], $3::integer[], $4::interval[], $5::bigint[])
-         AS g(name, global_concurrency, rate_limit, rate_window, max_depth)
+    FROM unnest($1::text[], $2::integer[], $3::integer[], $4::interval[], $5::bigint[],
+                $6::integer[], $7::boolean[])
+         AS g(name, global_concurrency, rate_limit, rate_window, max_depth,
+              tenant_concurrency, fair)
 ), before AS (
     SELECT q.name, q.global_concurrency, q.rate_limit, q.rate_window, q.max_depth,
-           q.limits_by
+           q.tenant_concurrency, q.fair, q.limits_by
     FROM {{schema}}.queue AS q
     WHERE q.name IN (SELECT g.name FROM given AS g)
+), newly_fair AS (
+    SELECT g.name FROM given AS g
+    WHERE g.fair AND NOT coalesce((SELECT b.fair FROM before AS b WHERE b.name = g.name),
+                                  false)
+), marked AS (
+    -- (EXISTS first: a one-time filter, so no other write reads the job table)
+    UPDATE {{schema}}.job AS j SET fair_tenant = coalesce(j.tenant::text, '')
+    WHERE EXISTS (SELECT FROM newly_fair) AND j.queue IN (SELECT n.name FROM newly_fair AS n)
+      AND j.fair_tenant IS NULL AND j.group_key IS NULL
+    RETURNING 1
 ), written AS (
+    -- A queue that becomes fair: its claims mark jobs from the highest id now (and look
+    -- again at the 2,000 below it, for transactions still running now).
     INSERT INTO {{schema}}.queue AS q (name, global_concurrency, rate_limit, rate_window,
-                                       max_depth, limits_by, limits_at)
-    SELECT g.name, g.global_concurrency, g.rate_limit, g.rate_window, g.max_depth, $6, now()
+                                       max_depth, tenant_concurrency, fair, limits_by,
+                                       limits_at, fair_scanned, fair_settled, fair_scan_xmax)
+    SELECT g.name, g.global_concurrency, g.rate_limit, g.rate_window, g.max_depth,
+           g.tenant_concurrency, g.fair, $8, now(), m.top, greatest(m.top - 2000, 0),
+           pg_snapshot_xmax(pg_current_snapshot())
     FROM given AS g
+    CROSS JOIN (SELECT coalesce(max(j.id), 0) AS top FROM {{schema}}.job AS j) AS m
     ORDER BY g.name
     ON CONFLICT (name) DO UPDATE
     SET global_concurrency = excluded.global_concurrency, rate_limit = excluded.rate_limit,
         rate_window = excluded.rate_window, max_depth = excluded.max_depth,
-        limits_by = excluded.limits_by, limits_at = excluded.limits_at
-    WHERE (q.global_concurrency, q.rate_limit, q.rate_window, q.max_depth)
+        tenant_concurrency = excluded.tenant_concurrency, fair = excluded.fair,
+        limits_by = excluded.limits_by, limits_at = excluded.limits_at,
+        fair_scanned = CASE WHEN excluded.fair AND NOT q.fair THEN excluded.fair_scanned
+                            ELSE q.fair_scanned END,
+        fair_settled = CASE WHEN excluded.fair AND NOT q.fair THEN excluded.fair_settled
+                            ELSE q.fair_settled END,
+        fair_scan_xmax = CASE WHEN excluded.fair AND NOT q.fair THEN excluded.fair_scan_xmax
+                              ELSE q.fair_scan_xmax END
+    WHERE (q.global_concurrency, q.rate_limit, q.rate_window, q.max_depth,
+           q.tenant_concurrency, q.fair)
           IS DISTINCT FROM (excluded.global_concurrency, excluded.rate_limit,
-                            excluded.rate_window, excluded.max_depth)
+                            excluded.rate_window, excluded.max_depth,
+                            excluded.tenant_concurrency, excluded.fair)
     RETURNING q.name, q.max_depth
 )
-SELECT b.name, b.global_concurrency, b.rate_limit, b.rate_window, b.max_depth, b.limits_by
+SELECT b.name, b.global_concurrency, b.rate_limit, b.rate_window, b.max_depth,
+       b.tenant_concurrency, b.fair, b.limits_by
 FROM before AS b
 JOIN written AS w ON w.name = b.name
-WHERE b.limits_by IS NOT NULL AND b.limits_by <> $6;
+WHERE b.limits_by IS NOT NULL AND b.limits_by <> $8;
+
+-- name: tenant_weights_write
+-- Replaces the fleet's [tenants] weights with this member's (the last writer wins).
+-- Returns, for each weight this changed or removed that another member had written,
+-- the previous value, so that the disagreement is logged.
+-- $1 tenants, $2 weights, $3 member id
+WITH given AS (
+    SELECT * FROM unnest($1::text[], $2::integer[]) AS g(tenant, weight)
+), before AS (
+    SELECT w.tenant, w.weight, w.weights_by FROM {{schema}}.tenant_weight AS w
+), removed AS (
+    DELETE FROM {{schema}}.tenant_weight AS w
+    WHERE w.tenant NOT IN (SELECT g.tenant FROM given AS g)
+    RETURNING w.tenant
+), written AS (
+    INSERT INTO {{schema}}.tenant_weight AS w (tenant, weight, weights_by, weights_at)
+    SELECT g.tenant, g.weight, $3, now() FROM given AS g ORDER BY g.tenant
+    ON CONFLICT (tenant) DO UPDATE
+    SET weight = excluded.weight, weights_by = excluded.weights_by,
+        weights_at = excluded.weights_at
+    WHERE w.weight IS DISTINCT FROM excluded.weight
+    RETURNING w.tenant
+)
+SELECT b.tenant, b.weight, b.weights_by
+FROM before AS b
+WHERE b.weights_by <> $3
+  AND (b.tenant IN (SELECT r.tenant FROM removed AS r)
+       OR b.tenant IN (SELECT x.tenant FROM written AS x))
+ORDER BY b.tenant;
 
 -- name: queue_depth_recount
 -- Recounts the depth estimate of the queues with a max_depth among $1 (NULL: all of

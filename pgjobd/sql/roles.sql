@@ -104,7 +104,9 @@ GRANT EXECUTE ON FUNCTION
     {{schema}}.flow_lock(text),
     {{schema}}.flow_rate_room(text, integer, interval, timestamptz, integer),
     {{schema}}.flow_rate_take(text, interval, timestamptz, integer),
-    {{schema}}.queue_depth_recount(text[])
+    {{schema}}.queue_depth_recount(text[]),
+    {{schema}}.fair_tenant_fill(text),
+    {{schema}}.job_fair_tenants(text, text, text, integer)
     TO {{schema}}_worker;
 -- The console's dead-job groups (migration 0009), read with the reader's rights.
 GRANT EXECUTE ON FUNCTION {{schema}}.dead_group_key(text, text)
@@ -141,6 +143,9 @@ GRANT INSERT, UPDATE, DELETE ON {{schema}}.member, {{schema}}.leader, {{schema}}
     TO {{schema}}_worker;
 -- Flow control: the limited claim's rate log, and the leader's depth recount.
 GRANT INSERT, UPDATE, DELETE ON {{schema}}.flow_start TO {{schema}}_worker;
+-- Fair queues (migration 0014): the claims' passes, and the members' [tenants] weights.
+GRANT INSERT, UPDATE, DELETE ON {{schema}}.fair_pass, {{schema}}.tenant_weight
+    TO {{schema}}_worker;
 -- The leader's queue sampler records and trims the console's chart samples.
 GRANT INSERT, DELETE ON {{schema}}.queue_sample TO {{schema}}_worker;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA {{schema}} TO {{schema}}_admin, {{schema}}_worker;

@@ -40,6 +40,8 @@ class QueueStatusRow(NamedTuple):
     rate_window: timedelta | None
     max_depth: int | None
     blocked: int = 0
+    tenant_concurrency: int | None = None
+    fair: bool = False
 
 
 class JobListRow(NamedTuple):

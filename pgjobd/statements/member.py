@@ -31,6 +31,8 @@ class QueueLimits(NamedTuple):
     rate_limit: int | None
     rate_window: timedelta | None
     max_depth: int | None
+    tenant_concurrency: int | None
+    fair: bool
 
 
 class LimitsOverridden(NamedTuple):
@@ -41,7 +43,17 @@ class LimitsOverridden(NamedTuple):
     rate_limit: int | None
     rate_window: timedelta | None
     max_depth: int | None
+    tenant_concurrency: int | None
+    fair: bool
     limits_by: str
+
+
+class WeightOverridden(NamedTuple):
+    """A tenant's weight that another member had written, changed or removed by a write."""
+
+    tenant: str
+    weight: int
+    weights_by: str
 
 
 class MemberStatements(Rendered):
@@ -79,6 +91,13 @@ class MemberStatements(Rendered):
             self.sql("queue_limits_write"), *columns(queues, len(QueueLimits._fields)), member_id
         )
         return rows_of(LimitsOverridden, records)
+
+    @statement("tenant_weights_write")
+    async def tenant_weights_write(
+        self, conn: Conn, tenants: Sequence[str], weights: Sequence[int], member_id: str
+    ) -> list[WeightOverridden]:
+        records = await conn.fetch(self.sql("tenant_weights_write"), tenants, weights, member_id)
+        return rows_of(WeightOverridden, records)
 
     @statement("queue_depth_recount")
     async def queue_depth_recount(self, conn: Conn, queues: Sequence[str] | None) -> int:

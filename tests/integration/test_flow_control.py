@@ -468,9 +468,11 @@ async def test_status_shows_each_queues_limits(
     limited = {name: msgspec.to_builtins(s.limited) for name, s in status.queues.items()}
     assert limited["api"] == {
         "global_concurrency": 10, "running": 1, "rate_limit": "100/1s", "max_depth": None,
+        "tenant_concurrency": None, "fair": False,
     }  # fmt: skip
     assert limited["free"] == {
         "global_concurrency": None, "running": 0, "rate_limit": None, "max_depth": None,
+        "tenant_concurrency": None, "fair": False,
     }  # fmt: skip
     assert limited["deep"]["max_depth"] == 50
 

@@ -47,6 +47,8 @@ ROLE_MATRIX: dict[str, dict[str, set[str]]] = {
     "table migration": {"producer": READ, "readonly": READ, "admin": READ, "worker": READ},
     "table queue": {"producer": READ, "readonly": READ, "admin": WRITE, "worker": WRITE},
     "table flow_start": {"producer": NONE, "readonly": READ, "admin": READ, "worker": WRITE},
+    "table fair_pass": {"producer": NONE, "readonly": READ, "admin": READ, "worker": WRITE},
+    "table tenant_weight": {"producer": NONE, "readonly": READ, "admin": READ, "worker": WRITE},
     "table job_dependency": {"producer": NONE, "readonly": READ, "admin": {"SELECT", "DELETE"},
                              "worker": {"SELECT", "DELETE"}},
     "table queue_sample": {"producer": NONE, "readonly": READ, "admin": READ,
@@ -85,6 +87,8 @@ ROLE_MATRIX |= {
     "function flow_rate_room(text,integer,interval,timestamp with time zone,integer)": _LEADER,
     "function flow_rate_take(text,interval,timestamp with time zone,integer)": _LEADER,
     "function queue_depth_recount(text[])": _LEADER,
+    "function fair_tenant_fill(text)": _LEADER,
+    "function job_fair_tenants(text,text,text,integer)": _LEADER,
     "function job_reject_group_key(text,integer,integer)": _INTERNAL,
     "function dead_group_key(text,text)": {
         "producer": NONE,

@@ -505,7 +505,7 @@ def test_a_transaction_pooler_needs_a_leader_dsn_and_the_pooler_is_one_of_three(
 # --- properties over large input spaces ------------------------------------------------
 
 FIELDS = {
-    "": ("cron", "daemon", "database", "queues", "retention", "web"),
+    "": ("cron", "daemon", "database", "queues", "retention", "tenants", "web"),
     "web": tuple(f.encode_name for f in msgspec.structs.fields(WebConfig)),
     "database": tuple(f.encode_name for f in msgspec.structs.fields(DatabaseConfig)),
     "daemon": tuple(f.encode_name for f in msgspec.structs.fields(DaemonConfig)),
@@ -690,3 +690,46 @@ def test_web_token_file_is_relative_to_the_config_file() -> None:
 def test_web_errors_name_the_key(text: str, message: str) -> None:
     found = config_error(f"[web]\n{text}\n")
     assert found.startswith(f"{FILE}: {message}"), found
+
+
+# -- per-tenant flow control (contract §9: tenant_concurrency, fair, [tenants]) ----------
+
+
+def test_tenant_limits_and_weights_load() -> None:
+    config = loads(
+        '[queues.api]\ntenant_concurrency = 3\nfair = true\n[tenants]\nacme = 3\n"" = 2\n', FILE
+    )
+    assert (config.queues["api"].tenant_concurrency, config.queues["api"].fair) == (3, True)
+    assert config.tenants == {"acme": 3, "": 2}
+    assert loads("", FILE).tenants is None
+    assert loads("[tenants]\n", FILE).tenants == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "message"),
+    [
+        ("[queues.q]\ntenant_concurrency = 0", "queues.q.tenant_concurrency",
+         "expected an integer >= 1, got 0"),
+        ("[queues.q]\ntenant_concurrency = -3", "queues.q.tenant_concurrency",
+         "expected an integer >= 1, got -3"),
+        ("[queues.q]\ntenant_concurrency = 1.5", "queues.q.tenant_concurrency",
+         "expected an integer"),
+        ('[queues.q]\ntenant_concurrency = "3"', "queues.q.tenant_concurrency",
+         "expected an integer"),
+        ("[queues.q]\nfair = 1", "queues.q.fair", "expected a boolean"),
+        ('[queues.q]\nfair = "yes"', "queues.q.fair", "expected a boolean"),
+        ("tenants = 3", "tenants", "expected a table of tenant weights"),
+        ("[tenants]\nacme = 0", "tenants.acme", "expected an integer >= 1 and <= 10000, got 0"),
+        ("[tenants]\nacme = 10001", "tenants.acme",
+         "expected an integer >= 1 and <= 10000, got 10001"),
+        ("[tenants]\nacme = 2.0", "tenants.acme", "expected an integer weight"),
+        ("[tenants]\nacme = true", "tenants.acme", "expected an integer weight"),
+        ('[tenants]\nacme = "3"', "tenants.acme", "expected an integer weight"),
+        ('[tenants]\n"a\\u0000b" = 1', "tenants.", "must not contain NUL"),
+        (f'[tenants]\n"{"é" * 129}" = 1', "tenants.", "is 258 bytes, over the 256-byte limit"),
+    ],
+)  # fmt: skip
+def test_tenant_limits_and_weights_refuse_bad_values(text: str, where: str, message: str) -> None:
+    problem = config_error(text)
+    assert problem.startswith(f"{FILE}: {where}"), problem
+    assert message in problem, problem

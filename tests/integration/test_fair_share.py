@@ -1,0 +1,349 @@
+"""Per-tenant flow control on a real PostgreSQL (contract §9): `tenant_concurrency` held
+by racing claimers and across a crash, and `fair = true` shares (stride scheduling in
+job_claim_flow, migration 0014) measured in starts: by weight over a window, and the
+bound on a newly waiting tenant's wait stated in docs/decisions.md."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from datetime import timedelta
+
+import anyio
+import asyncpg
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from pgjobd.config import QueueConfig
+from pgjobd.lock_keys import LEADER, lock_key
+from pgjobd.member.generations import write_queue_limits
+from pgjobd.queries import Queries, for_schema
+from pgjobd.statements.member import KindDeclared
+from tests.integration.test_flow_control import Fleet, _none_left, most_at_once
+
+pytestmark = pytest.mark.anyio
+LEASE = timedelta(seconds=30)
+
+
+@pytest.fixture
+def fleet(dsn: str, schema: str) -> Fleet:
+    return Fleet(dsn, schema, for_schema(schema))
+
+
+async def _enqueue_many(
+    conn: asyncpg.Connection, schema: str, queue: str, tenant: str | None, n: int,
+    kind: str = "work", group: str | None = None,
+) -> list[int]:  # fmt: skip
+    rows = await conn.fetch(
+        f"SELECT e.id FROM {schema}.enqueue_many("
+        "kinds => array_fill($1::text, ARRAY[$4::integer]),"
+        "args => array_fill('{}'::jsonb, ARRAY[$4::integer]),"
+        "queues => array_fill($2::text, ARRAY[$4::integer]),"
+        "tenants => array_fill($3::text, ARRAY[$4::integer]),"
+        "group_keys => CASE WHEN $5::text IS NULL THEN NULL"
+        "              ELSE array_fill($5::text, ARRAY[$4::integer]) END) AS e ORDER BY e.ord",
+        kind, queue, tenant, n, group,
+    )  # fmt: skip
+    return [row["id"] for row in rows]
+
+
+async def _claim(conn: asyncpg.Connection, q: Queries, queue: str, n: int) -> list[asyncpg.Record]:
+    rows = await conn.fetch(q.sql("job_claim_flow"), queue, n, "m", LEASE)
+    return [row for row in rows if row["id"] is not None]
+
+
+async def _complete(conn: asyncpg.Connection, q: Queries, rows: list[asyncpg.Record]) -> None:
+    if rows:
+        await conn.fetch(
+            q.sql("job_complete_many"), [r["id"] for r in rows], [r["fence"] for r in rows],
+            [None] * len(rows), [True] * len(rows),
+        )  # fmt: skip
+
+
+def _tenant(row: asyncpg.Record) -> str:
+    return row["tenant"] or ""
+
+
+async def test_tenant_concurrency_is_never_exceeded_by_racing_claimers(
+    conn: asyncpg.Connection, schema: str, fleet: Fleet
+) -> None:
+    await write_queue_limits(conn, fleet.q, {"t": QueueConfig(tenant_concurrency=2)}, "m")
+    tenant_of: dict[int, str] = {}
+    for tenant in ("a", "b", None):
+        for job_id in await _enqueue_many(conn, schema, "t", tenant, 25):
+            tenant_of[job_id] = tenant or ""
+    done = _none_left(conn, schema)
+    async with anyio.create_task_group() as tg:
+        for n in range(5):
+            tg.start_soon(fleet.claim_and_finish, "t", f"member-{n}", done)
+    assert len(fleet.runs) == 75
+    by_tenant = defaultdict(list)
+    for run in fleet.runs:
+        by_tenant[tenant_of[run.id]].append(run)
+    assert {t: most_at_once(runs) for t, runs in by_tenant.items()} == {"a": 2, "b": 2, "": 2}
+    assert most_at_once(fleet.runs) > 2  # tenants are independent
+    assert fleet.throttled > 0
+
+
+async def test_a_crashed_claimers_jobs_count_against_their_tenant_until_reaped(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    q = for_schema(schema)
+    await write_queue_limits(conn, q, {"t": QueueConfig(tenant_concurrency=2)}, "m")
+    await _enqueue_many(conn, schema, "t", "a", 4)
+    other = await _enqueue_many(conn, schema, "t", "b", 1)
+    rows = await conn.fetch(q.sql("job_claim_flow"), "t", 10, "dead-member", LEASE)
+    assert Counter(_tenant(r) for r in rows if r["id"]) == {"a": 2, "b": 1}
+    assert [r["held_by"] for r in rows if r["id"] is None] == ["tenant_concurrency"]
+    await conn.execute(
+        f"UPDATE {schema}.job SET lease_expires_at = now() - interval '1s' WHERE state = 'running'"
+    )
+    rows = await conn.fetch(q.sql("job_claim_flow"), "t", 10, "live-member", LEASE)
+    assert [r["held_by"] for r in rows] == ["tenant_concurrency"]
+    leader = await asyncpg.connect(dsn)
+    try:
+        assert await leader.fetchval(
+            "SELECT pg_try_advisory_lock($1, $2)", *lock_key(LEADER, schema)
+        )
+        term = await leader.fetchval(q.sql("leader_term_begin"), "test")
+        reaped = await conn.fetchrow(q.sql("job_reap_expired"), term, timedelta(0), 10, [], [], 100)
+    finally:
+        await leader.close()
+    assert reaped["rescued"] == 3
+    rows = await _claim(conn, q, "t", 10)
+    # The rescued jobs are back in line; at most 2 of a's run again.
+    assert Counter(_tenant(r) for r in rows)["a"] == 2
+    assert other[0] in [r["id"] for r in rows]
+
+
+async def test_fair_shares_follow_the_weights_whatever_the_backlogs(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    q = for_schema(schema)
+    await write_queue_limits(
+        conn, q, {"f": QueueConfig(fair=True)}, "m", tenants={"acme": 3}
+    )  # fmt: skip
+    await _enqueue_many(conn, schema, "f", "acme", 400)
+    await _enqueue_many(conn, schema, "f", "beta", 2000)
+    await _enqueue_many(conn, schema, "f", None, 150)
+    starts: Counter[str] = Counter()
+    for batch in [1, 7, 3, 10, 4] * 10:  # 250 starts
+        rows = await _claim(conn, q, "f", batch)
+        assert len(rows) == batch
+        starts.update(_tenant(r) for r in rows)
+        await _complete(conn, q, rows)
+    total = sum(starts.values())
+    shares = {t: n / total for t, n in starts.items()}
+    assert shares["acme"] == pytest.approx(0.6, abs=0.02), shares
+    assert shares["beta"] == pytest.approx(0.2, abs=0.02), shares
+    assert shares[""] == pytest.approx(0.2, abs=0.02), shares
+
+
+async def test_a_new_tenant_behind_a_big_backlog_starts_within_the_bound(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    """docs/decisions.md: a tenant that starts waiting joins at the lowest pass, so its
+    first job starts within T starts of the queue, T the number of waiting tenants."""
+    q = for_schema(schema)
+    await write_queue_limits(conn, q, {"f": QueueConfig(fair=True)}, "m", tenants={"big": 5})
+    await _enqueue_many(conn, schema, "f", "big", 10_000)
+    for _ in range(20):
+        await _complete(conn, q, await _claim(conn, q, "f", 3))
+    (late,) = await _enqueue_many(conn, schema, "f", "late", 1)
+    started: list[int] = []
+    while late not in started:
+        rows = await _claim(conn, q, "f", 1)
+        started += [r["id"] for r in rows]
+        await _complete(conn, q, rows)
+    assert len(started) <= 2  # T = 2 waiting tenants
+    # A third tenant, joining while both others wait: within T = 3 starts.
+    (third,) = await _enqueue_many(conn, schema, "f", "third", 1)
+    await _enqueue_many(conn, schema, "f", "late", 50)
+    started = []
+    while third not in started:
+        rows = await _claim(conn, q, "f", 1)
+        started += [r["id"] for r in rows]
+        await _complete(conn, q, rows)
+    assert len(started) <= 3
+
+
+async def test_a_queue_that_becomes_fair_marks_its_jobs_and_unmarked_ones_still_run(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    q = for_schema(schema)
+    before = await _enqueue_many(conn, schema, "f", "a", 3)
+    grouped = await _enqueue_many(conn, schema, "f", "a", 2, group="g")
+    await write_queue_limits(conn, q, {"f": QueueConfig(fair=True)}, "m")
+    marked = dict(await conn.fetch(f"SELECT id, fair_tenant FROM {schema}.job"))
+    assert [marked[i] for i in before] == ["a"] * 3
+    assert [marked[i] for i in grouped] == [None, None]  # groups keep their own order
+    # A job the claims did not mark (a transaction that outlived their look-back) runs
+    # once the fair picks leave room.
+    (missed,) = await _enqueue_many(conn, schema, "f", "b", 1)
+    await conn.execute(
+        f"UPDATE {schema}.queue SET fair_scanned = $1, fair_settled = $1 WHERE name = 'f'",
+        missed + 100_000,
+    )
+    rows = await _claim(conn, q, "f", 10)
+    assert sorted(r["id"] for r in rows) == sorted([*before, grouped[0], missed])
+    await _complete(conn, q, rows)
+    assert [r["id"] for r in await _claim(conn, q, "f", 10)] == [grouped[1]]
+
+
+async def test_groups_and_kind_limits_still_hold_in_a_fair_queue(
+    conn: asyncpg.Connection, schema: str, fleet: Fleet
+) -> None:
+    q = fleet.q
+    await q.kind_declare_many(
+        conn, [KindDeclared("capped", "f", 0, 20, 60.0, 1, None, None, "[]")], "m"
+    )
+    await write_queue_limits(conn, q, {"f": QueueConfig(fair=True, tenant_concurrency=3)}, "m")
+    group_ids = await _enqueue_many(conn, schema, "f", "a", 6, group="g")
+    await _enqueue_many(conn, schema, "f", "a", 10, kind="capped")
+    await _enqueue_many(conn, schema, "f", "b", 20)
+    done = _none_left(conn, schema)
+    async with anyio.create_task_group() as tg:
+        for n in range(3):
+            tg.start_soon(fleet.claim_and_finish, "f", f"member-{n}", done)
+    assert len(fleet.runs) == 36
+    grouped = sorted((r for r in fleet.runs if r.group == "g"), key=lambda r: r.start)
+    assert [r.id for r in grouped] == group_ids and most_at_once(grouped) == 1
+    assert most_at_once([r for r in fleet.runs if r.kind == "capped"]) == 1
+
+
+async def test_weights_disagreeing_members_last_writer_wins_and_it_is_logged(
+    conn: asyncpg.Connection, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    q = for_schema(schema)
+    fair = {"f": QueueConfig(fair=True)}
+    await write_queue_limits(conn, q, fair, "member-a", tenants={"acme": 3, "beta": 2})
+    with caplog.at_level("WARNING"):
+        await write_queue_limits(conn, q, fair, "member-b", tenants={"acme": 5})
+    weights = dict(await conn.fetch(f"SELECT tenant, weight FROM {schema}.tenant_weight"))
+    assert weights == {"acme": 5}
+    events = [r for r in caplog.records if getattr(r, "event", "") == "flow.weights_disagree"]
+    assert sorted(r.tenant for r in events) == ["acme", "beta"]  # type: ignore[attr-defined]
+    # A member with neither [tenants] nor a fair queue leaves the weights alone.
+    await write_queue_limits(conn, q, {"other": QueueConfig()}, "member-c")
+    assert await conn.fetchval(f"SELECT count(*) FROM {schema}.tenant_weight") == 1
+
+
+class FairQueue(RuleBasedStateMachine):
+    """Tenants arrive with jobs and leave (their jobs all run), weights change through the
+    member's write, claims of random sizes start and complete jobs. No tenant that keeps
+    waiting goes without a start for longer than the stride bound, however the others'
+    backlogs and weights move."""
+
+    dsn: str
+    schema: str
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = for_schema(self.schema)
+        self.conn: asyncpg.Connection = anyio.from_thread.run(asyncpg.connect, self.dsn)
+        anyio.from_thread.run(self.conn.execute, f"DELETE FROM {self.schema}.job")
+        anyio.from_thread.run(self.conn.execute, f"DELETE FROM {self.schema}.fair_pass")
+        anyio.from_thread.run(self.conn.execute, f"DELETE FROM {self.schema}.queue")
+        self.weights: dict[str, int] = {}
+        anyio.from_thread.run(self._write_weights)
+        self.waiting: Counter[str] = Counter()  # available jobs per tenant
+        self.since_start: dict[str, int] = {}  # others' starts since it last started
+        self.max_weight_seen = 1
+
+    async def _write_weights(self) -> None:
+        await write_queue_limits(
+            self.conn, self.q, {"f": QueueConfig(fair=True)}, "m", tenants=self.weights
+        )
+
+    def teardown(self) -> None:
+        anyio.from_thread.run(self.conn.close)
+
+    @rule(tenant=st.sampled_from(["a", "b", "c", "d", ""]), n=st.integers(1, 40))
+    def arrive(self, tenant: str, n: int) -> None:
+        anyio.from_thread.run(_enqueue_many, self.conn, self.schema, "f", tenant or None, n)
+        if not self.waiting[tenant]:
+            self.since_start[tenant] = 0
+        self.waiting[tenant] += n
+
+    @rule(weights=st.dictionaries(st.sampled_from(["a", "b", "c", "d", ""]), st.integers(1, 3)))
+    def reweigh(self, weights: dict[str, int]) -> None:
+        self.weights = weights
+        self.max_weight_seen = max([self.max_weight_seen, *weights.values()])
+        anyio.from_thread.run(self._write_weights)
+
+    @rule(n=st.integers(1, 8))
+    def claim(self, n: int) -> None:
+        async def claim_and_complete() -> list[str]:
+            rows = await _claim(self.conn, self.q, "f", n)
+            await _complete(self.conn, self.q, rows)
+            return [_tenant(r) for r in rows]
+
+        tenants = anyio.from_thread.run(claim_and_complete)
+        assert len(tenants) == min(n, sum(self.waiting.values()))
+        # A claim's rows come back in no particular order: count in whole claims (a
+        # tenant that started in this one, anywhere, has waited 0 starts).
+        started = Counter(tenants)
+        for tenant in tenants:
+            self.waiting[tenant] -= 1
+            assert self.waiting[tenant] >= 0
+        for tenant in self.since_start:
+            self.since_start[tenant] = (
+                0 if started[tenant] else self.since_start[tenant] + len(tenants)
+            )
+        for tenant in [t for t in self.since_start if not self.waiting[t]]:
+            del self.since_start[tenant]
+
+    @rule()
+    def window(self) -> None:
+        """With every tenant backlogged, 60 starts split by weight: each tenant's count
+        is off weight / total * 60 by a few starts at most (the passes' spread, at most
+        one start's worth per tenant), whatever happened before, so shares converge."""
+        for tenant in ["a", "b", "c", "d", ""]:
+            if self.waiting[tenant] < 80:
+                self.arrive(tenant, 80 - self.waiting[tenant])
+        before = Counter({t: 0 for t in self.waiting})
+        starts: Counter[str] = Counter()
+        for n in [7, 3, 10, 8, 2, 10, 10, 10]:  # 60
+            waiting = Counter(self.waiting)
+            self.claim(n)
+            starts.update(waiting - self.waiting)
+        total_weight = sum(self.weights.get(t, 1) for t in before)
+        for tenant in before:
+            expected = 60 * self.weights.get(tenant, 1) / total_weight
+            assert abs(starts[tenant] - expected) <= 5, (tenant, starts, self.weights)
+
+    @invariant()
+    def no_waiting_tenant_starves(self) -> None:
+        # Each other tenant starts at most ceil(w_other / w_self) + 1 times between two
+        # starts of a tenant that keeps waiting (weights 1..max_weight_seen, 5 tenants).
+        bound = 4 * (self.max_weight_seen + 1)
+        for tenant, others in self.since_start.items():
+            assert others <= bound, (tenant, others, dict(self.waiting))
+
+
+async def test_fair_share_state_machine(dsn: str, schema: str) -> None:
+    FairQueue.dsn, FairQueue.schema = dsn, schema
+    FairQueue.TestCase.settings = settings(
+        max_examples=15, stateful_step_count=25, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )  # fmt: skip
+    await anyio.to_thread.run_sync(FairQueue.TestCase().runTest)
+
+
+async def test_an_unfair_queue_claims_as_before_and_marks_nothing(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    """Regression guard: only a fair queue's claims mark jobs or keep passes; a queue
+    with limits but no fair keeps 0013's order (priority, run_at, id) across tenants."""
+    q = for_schema(schema)
+    await write_queue_limits(conn, q, {"l": QueueConfig(global_concurrency=50)}, "m")
+    first = await _enqueue_many(conn, schema, "l", "a", 5)
+    second = await _enqueue_many(conn, schema, "l", "b", 5)
+    free = await _enqueue_many(conn, schema, "free", "a", 3)
+    assert [r["id"] for r in await _claim(conn, q, "l", 7)] == [*first, *second[:2]]
+    assert [r["id"] for r in await conn.fetch(q.sql("job_claim"), "free", 10, "m", LEASE)] == free
+    assert not await conn.fetchval(
+        f"SELECT count(*) FROM {schema}.job WHERE fair_tenant IS NOT NULL"
+    )
+    assert not await conn.fetchval(f"SELECT count(*) FROM {schema}.fair_pass")
