@@ -94,17 +94,32 @@ def schema_name() -> str:
 
 
 async def drop_schema(conn: asyncpg.Connection, name: str) -> None:
-    """DROP SCHEMA ... CASCADE, tried again while it deadlocks: a member killed at the
-    end of its test may leave a backend finishing a statement on the schema's tables
-    for a moment (in CI: the clock-skew test's leader mid partition DDL)."""
-    for attempt in range(20):
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-            return
-        except asyncpg.DeadlockDetectedError:
-            if attempt == 19:
-                raise
-            await asyncio.sleep(0.25)
+    """DROP SCHEMA ... CASCADE that cannot hang the suite: a member killed at the end of
+    its test may leave a backend finishing a statement on the schema's tables for a
+    moment (in CI: the clock-skew test's leader mid partition DDL: a deadlock), and a
+    test that failed may leave a session of its own in a transaction holding locks (a
+    statement whose arguments asyncpg refused: the drop waited on it for 21 minutes).
+    So the drop waits at most 5 s for a lock, then ends the sessions holding locks in
+    the schema and tries again."""
+    await conn.execute("SET lock_timeout = '5s'")
+    try:
+        for attempt in range(20):
+            try:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+                return
+            except (asyncpg.DeadlockDetectedError, asyncpg.LockNotAvailableError):
+                if attempt == 19:
+                    raise
+                await conn.execute(
+                    "SELECT pg_terminate_backend(l.pid) FROM pg_locks AS l "
+                    "JOIN pg_class AS c ON c.oid = l.relation "
+                    "JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+                    "WHERE n.nspname = $1 AND l.pid <> pg_backend_pid() AND l.granted",
+                    name,
+                )
+                await asyncio.sleep(0.25)
+    finally:
+        await conn.execute("RESET lock_timeout")
 
 
 @pytest.fixture

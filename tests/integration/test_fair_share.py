@@ -107,7 +107,9 @@ async def test_a_crashed_claimers_jobs_count_against_their_tenant_until_reaped(
             "SELECT pg_try_advisory_lock($1, $2)", *lock_key(LEADER, schema)
         )
         term = await leader.fetchval(q.sql("leader_term_begin"), "test")
-        reaped = await conn.fetchrow(q.sql("job_reap_expired"), term, timedelta(0), 10, [], [], 100)
+        reaped = await conn.fetchrow(
+            q.sql("job_reap_expired"), term, timedelta(0), 10, [], [], 100, None
+        )
     finally:
         await leader.close()
     assert reaped["rescued"] == 3
