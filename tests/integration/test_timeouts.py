@@ -200,6 +200,11 @@ async def test_a_session_timeout_in_the_toml_is_refused_naming_it_or_taken_by_po
     conn = await asyncpg.connect(dsn, server_settings=db.server_settings(config))
     try:
         shown = await conn.fetchval(f"SHOW {name}")
+    except asyncpg.QueryCanceledError:
+        # PostgreSQL took a limit of a few ms and applied it to the SHOW itself (the
+        # embedded leg of CI on a loaded box).
+        assert name == "statement_timeout", value
+        return
     finally:
         await conn.close()
     assert shown not in ("0", "0ms"), (value, shown)
