@@ -61,9 +61,9 @@ async def test_a_member_started_before_its_database_answers_waits_for_it(
 ) -> None:
     port = free_port()
     member = await start_member(server_dsn=_on_port(dsn, port), wait_ready=False)
-    await wait_until(lambda: "db.unreachable_at_start" in member.log or None,
-                     what="the member saying it waits")  # fmt: skip
-    await anyio.sleep(1.0)
+    # Tried again, not given up: the wait is logged at every try.
+    await wait_until(lambda: member.log.count("db.unreachable_at_start") >= 3 or None,
+                     what="the member trying again while it waits")  # fmt: skip
     assert member.process.returncode is None, member.log[-2000:]
     server = urlsplit(dsn)
     async with forwarder(port, server.hostname or "127.0.0.1", server.port or 5432):

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -733,3 +734,35 @@ def test_tenant_limits_and_weights_refuse_bad_values(text: str, where: str, mess
     problem = config_error(text)
     assert problem.startswith(f"{FILE}: {where}"), problem
     assert message in problem, problem
+
+
+# Durations at the edges for this session's keys: none, sub-second, the bounds and just
+# past them, negative, not finite, past int64, empty, NUL, malformed, not a string.
+EDGE_DURATION_TEXTS = st.one_of(
+    st.sampled_from(["0s", "0.5ms", "1s", "1d", "1h", "3601s", "86401s", "-1s", "inf",
+                     "nan", "", " ", "\x00", "1s\x00", "1x", "9" * 40 + "s", "1e400s",
+                     "9223372036854775808ms"]),
+    st.builds(lambda n, unit: f"{n}{unit}", st.integers(-(2**70), 2**70),
+              st.sampled_from(["ms", "s", "m", "h", "d"])),
+)  # fmt: skip
+
+
+@given(
+    where=st.sampled_from([("database", "start_wait"), ("queues.q", "priority_aging")]),
+    text=st.one_of(EDGE_DURATION_TEXTS, st.integers(-(2**70), 2**70), st.just(True)),
+)
+def test_start_wait_and_priority_aging_are_refused_naming_them_or_taken_in_bounds(
+    where: tuple[str, str], text: object
+) -> None:
+    table, key = where
+    value = json.dumps(text) if isinstance(text, str) else str(text).lower()
+    try:
+        config = loads(f"[{table}]\n{key} = {value}\n", Path("pgjobd.toml"))
+    except ConfigError as e:
+        assert key in str(e), str(e)
+        return
+    if key == "start_wait":
+        assert timedelta(0) <= config.database.start_wait <= timedelta(hours=1)
+    else:
+        aging = config.queues["q"].priority_aging
+        assert aging is not None and timedelta(seconds=1) <= aging <= timedelta(days=1)
