@@ -319,3 +319,65 @@ async def test_sync_client_waits_without_an_event_loop(
 
 async def _finish_one(conn: asyncpg.Connection, q: Queries) -> None:
     await complete(conn, q, await claim(conn, q, 1))
+
+
+async def _dependency_touches(conn: asyncpg.Connection, schema: str) -> int:
+    """Scans of job_dependency so far in this transaction (pg_stat_xact_*: exact, ours)."""
+    touched = await conn.fetchval(
+        "SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) FROM pg_stat_xact_user_tables "
+        "WHERE schemaname = $1 AND relname = 'job_dependency'",
+        schema,
+    )
+    return int(touched or 0)
+
+
+async def test_finishing_jobs_nothing_depends_on_never_reads_the_dependency_edges(
+    client: Client, conn: asyncpg.Connection, schema: str
+) -> None:
+    """The common completion pays nothing for dependencies (migration settle_dependants):
+    through 0014 every finished batch looked its ids up in job_dependency."""
+    q = for_schema(schema)
+    parent = await client.enqueue("parent")
+    await client.enqueue_many([("plain", {"i": i}) for i in range(20)])
+    child = await client.enqueue("child", depends_on=[parent])
+    claimed = await claim(conn, q)
+    async with conn.transaction():
+        await complete(conn, q, [j for j in claimed if j.id != parent])
+        assert await _dependency_touches(conn, schema) == 0
+    async with conn.transaction():
+        await complete(conn, q, [j for j in claimed if j.id == parent])
+        assert await _dependency_touches(conn, schema) > 0
+    assert (await states(conn, schema))[child] == "available"
+
+
+async def test_a_dependant_enqueued_while_its_dependency_finishes_is_released(
+    dsn: str, client: Client, conn: asyncpg.Connection, schema: str
+) -> None:
+    """The dependant's enqueue flags the running dependency under its row lock; a
+    completion that waits on that lock deletes the flagged row and settles it."""
+    q = for_schema(schema)
+    parent = await client.enqueue("parent")
+    [running] = await claim(conn, q)
+    enqueuer = await asyncpg.connect(dsn)
+    completer = await asyncpg.connect(dsn)
+    try:
+        tx = enqueuer.transaction()
+        await tx.start()
+        child = await enqueuer.fetchval(
+            f"SELECT {schema}.enqueue('child', '{{}}'::jsonb, depends_on => $1)", [parent]
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(complete, completer, q, [running])
+            await wait_until(lambda: _waiting_on_lock(conn, completer), timeout_s=10)
+            await tx.commit()
+        assert (await states(conn, schema))[child] == "available"
+    finally:
+        await enqueuer.close()
+        await completer.close()
+
+
+async def _waiting_on_lock(conn: asyncpg.Connection, other: asyncpg.Connection) -> bool:
+    return bool(await conn.fetchval(
+        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
+        other.get_server_pid(),
+    ))  # fmt: skip

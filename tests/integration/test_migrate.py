@@ -569,3 +569,35 @@ async def test_migrations_that_only_build_committed_one_by_one_are_applied_unver
         assert "unsafe use of new value" in found.skipped
     else:
         assert (found.missing, found.altered, found.foreign) == ([], [], [])
+
+
+async def test_dependencies_made_before_the_flag_existed_are_settled(
+    conn: asyncpg.Connection, scratch_schema: str
+) -> None:
+    """A database migrated with edges in place: the migration flags their dependencies."""
+    flag = next(m for m in migrate.available() if m.name == "settle_dependants")
+    await conn.execute(migrate.sql_text.render(migrate._BOOTSTRAP, scratch_schema))
+    for m in migrate.available():
+        if m.version >= flag.version:
+            break
+        await conn.execute(migrate.sql_text.render(m.sql, scratch_schema))
+        await conn.execute(
+            f"INSERT INTO {scratch_schema}.migration (version, name, checksum) "
+            "VALUES ($1, $2, $3)",
+            m.version, m.name, m.checksum,
+        )  # fmt: skip
+    await conn.execute(
+        migrate.sql_text.render("SELECT {{schema}}.partitions_ensure(2)", scratch_schema)
+    )
+    parent = await conn.fetchval(f"SELECT {scratch_schema}.enqueue('parent', '{{}}'::jsonb)")
+    child = await conn.fetchval(
+        f"SELECT {scratch_schema}.enqueue('child', '{{}}'::jsonb, depends_on => $1)", [parent]
+    )
+    await migrate.migrate(conn, scratch_schema)
+    q = for_schema(scratch_schema)
+    [job] = await q.job_claim(conn, "default", 10, "m1", timedelta(seconds=30))
+    await q.job_complete_many(conn, [CompleteRow(job.id, job.fence, None, True)])
+    state = await conn.fetchval(
+        f"SELECT state::text FROM {scratch_schema}.job WHERE id = $1", child
+    )
+    assert job.id == parent and state == "available"
