@@ -353,19 +353,25 @@ async def test_migrate_uses_an_empty_schema_made_ahead_of_it(
     assert not (await migrate.verify(conn, scratch_schema)).broken
 
 
+async def _apply_unverified(
+    conn: asyncpg.Connection, schema: str, migrations: list[migrate.Migration]
+) -> None:
+    """Applies `migrations` (a schema at an older version), as migrate would record them."""
+    await conn.execute(migrate.sql_text.render(migrate._BOOTSTRAP, schema))
+    for m in migrations:
+        await conn.execute(migrate.sql_text.render(m.sql, schema))
+        await conn.execute(
+            f"INSERT INTO {schema}.migration (version, name, checksum) VALUES ($1, $2, $3)",
+            m.version, m.name, m.checksum,
+        )  # fmt: skip
+
+
 async def test_a_stray_table_stops_pending_migrations_before_any_is_applied(
     conn: asyncpg.Connection, scratch_schema: str
 ) -> None:
     """A schema one version behind, with a table of someone else's: nothing is applied."""
     older = migrate.available()[:-1]
-    await conn.execute(migrate.sql_text.render(migrate._BOOTSTRAP, scratch_schema))
-    for m in older:
-        await conn.execute(migrate.sql_text.render(m.sql, scratch_schema))
-        await conn.execute(
-            f"INSERT INTO {scratch_schema}.migration (version, name, checksum) "
-            "VALUES ($1, $2, $3)",
-            m.version, m.name, m.checksum,
-        )  # fmt: skip
+    await _apply_unverified(conn, scratch_schema, older)
     assert not (await migrate.verify(conn, scratch_schema)).foreign  # compared at its version
     await conn.execute(f"CREATE TABLE {scratch_schema}.reports (id integer)")
 
@@ -576,16 +582,9 @@ async def test_dependencies_made_before_the_flag_existed_are_settled(
 ) -> None:
     """A database migrated with edges in place: the migration flags their dependencies."""
     flag = next(m for m in migrate.available() if m.name == "settle_dependants")
-    await conn.execute(migrate.sql_text.render(migrate._BOOTSTRAP, scratch_schema))
-    for m in migrate.available():
-        if m.version >= flag.version:
-            break
-        await conn.execute(migrate.sql_text.render(m.sql, scratch_schema))
-        await conn.execute(
-            f"INSERT INTO {scratch_schema}.migration (version, name, checksum) "
-            "VALUES ($1, $2, $3)",
-            m.version, m.name, m.checksum,
-        )  # fmt: skip
+    await _apply_unverified(
+        conn, scratch_schema, [m for m in migrate.available() if m.version < flag.version]
+    )
     await conn.execute(
         migrate.sql_text.render("SELECT {{schema}}.partitions_ensure(2)", scratch_schema)
     )
