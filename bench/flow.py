@@ -50,7 +50,8 @@ FLOW_GUARD = """
       AND NOT EXISTS (SELECT FROM {s}.queue AS q
                       WHERE q.name = $1 AND (q.paused OR q.flow))
       AND NOT EXISTS (SELECT FROM {s}.kind AS k
-                      WHERE k.global_concurrency IS NOT NULL OR k.rate_limit IS NOT NULL)"""
+                      WHERE k.global_concurrency IS NOT NULL OR k.rate_limit IS NOT NULL
+                            OR k.breaker_limit IS NOT NULL)"""
 OLD_GUARD = """
       AND NOT EXISTS (SELECT FROM {s}.queue AS q WHERE q.name = $1 AND q.paused)"""
 
