@@ -375,7 +375,9 @@ WITH t AS (
 ), changed AS (
     UPDATE {{schema}}.kind AS k
     SET breaker_limit = CASE d.change WHEN 'opened' THEN 0 WHEN 'half_open' THEN 1 END,
-        breaker_at = t.now, breaker_probe = NULL, breaker_probe_attempt = NULL
+        -- A close starts the count of failures, which the database's clock stamps.
+        breaker_at = CASE WHEN d.change = 'closed' THEN now() ELSE t.now END,
+        breaker_probe = NULL, breaker_probe_attempt = NULL
     FROM decided AS d CROSS JOIN t
     WHERE k.name = d.name AND d.change IS NOT NULL
       AND k.breaker_limit IS NOT DISTINCT FROM d.breaker_limit

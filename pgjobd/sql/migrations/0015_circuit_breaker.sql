@@ -41,7 +41,7 @@ CREATE INDEX kind_limited_idx ON {{schema}}.kind (name)
 -- The breaker role counts a kind's failed attempts since a time (kind_breakers_step).
 -- job_attempt is partitioned by failed_at: the index is built on every partition, and
 -- on the ones made later.
-CREATE INDEX job_attempt_kind_idx ON {{schema}}.job_attempt (kind, failed_at);
+CREATE INDEX job_attempt_kind_failed_at_idx ON {{schema}}.job_attempt (kind, failed_at);
 
 CREATE OR REPLACE FUNCTION {{schema}}.job_claim_flow(
     claim_queue text, wanted integer, claimer text, lease interval
