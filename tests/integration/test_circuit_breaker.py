@@ -12,13 +12,14 @@ import anyio
 import asyncpg
 import pytest
 
-from pgjobd import metrics
+from pgjobd import admin, metrics
 from pgjobd.clock import FakeClock
 from pgjobd.queries import Queries, for_schema
 from pgjobd.roles import RoleContext
 from pgjobd.roles.breaker import BreakerKeeper
 from pgjobd.statements.job import CompleteRow, FailRow
 from pgjobd.statements.member import KindDeclared
+from tests.integration.test_admin import pgjobd, pgjobd_json
 
 pytestmark = pytest.mark.anyio
 LEASE = timedelta(seconds=30)
@@ -68,7 +69,7 @@ async def _attempts(conn: asyncpg.Connection, schema: str) -> dict[int, int]:
 
 
 async def _state(keeper: BreakerKeeper, ctx: RoleContext) -> tuple[str, str | None]:
-    [row] = await keeper.step(ctx)
+    [row] = [r for r in await keeper.step(ctx) if r.kind == "flaky"]
     return row.state, row.change
 
 
@@ -247,3 +248,27 @@ async def test_a_lost_lease_is_not_the_kind_s_failure(
     reaped = await q.job_reap_expired(conn, leading.term, timedelta(0), 100, [], 3)
     assert reaped.rescued == len(jobs)
     assert await _state(keeper, leading) == ("closed", None)
+
+
+async def test_status_shows_each_breaker_and_its_state(
+    dsn: str, conn: asyncpg.Connection, schema: str, leading: RoleContext
+) -> None:
+    q = for_schema(schema)
+    await q.kind_declare_many(conn, [KindDeclared("calm", "q", 0, 5, 60.0, None, None, None,
+                                                  "[]", 5, timedelta(minutes=1), COOLDOWN)],
+                              "m")  # fmt: skip
+    await _open(conn, schema, leading)
+    status = await admin.status(conn, schema)
+    assert {k: (b.state, b.circuit_breaker, b.cooldown_s, b.probe)
+            for k, b in status.breakers.items()} == {
+        "calm": ("closed", "5/1m", 30.0, None),
+        "flaky": ("open", "3/1m", 30.0, None),
+    }  # fmt: skip
+    assert status.breakers["calm"].since is None and status.breakers["flaky"].since is not None
+    as_json = await pgjobd_json(dsn, schema, "status")
+    assert as_json["breakers"]["flaky"]["state"] == "open"
+    plain = await pgjobd(dsn, schema, "status")
+    assert "circuit breakers: 2, 1 not closed" in plain.stdout
+    lines = [line.split()[:2] for line in plain.stdout.splitlines()
+             if line.startswith(("calm", "flaky"))]  # fmt: skip
+    assert lines == [["calm", "CLOSED"], ["flaky", "OPEN"]]
