@@ -15,7 +15,7 @@ import pytest
 from pgjobd import admin, metrics
 from pgjobd.clock import FakeClock
 from pgjobd.queries import Queries, for_schema
-from pgjobd.roles import RoleContext
+from pgjobd.roles import Deposed, RoleContext
 from pgjobd.roles.breaker import BreakerKeeper
 from pgjobd.statements.job import CompleteRow, FailRow
 from pgjobd.statements.member import KindDeclared
@@ -272,3 +272,20 @@ async def test_status_shows_each_breaker_and_its_state(
     lines = [line.split()[:2] for line in plain.stdout.splitlines()
              if line.startswith(("calm", "flaky"))]  # fmt: skip
     assert lines == [["calm", "CLOSED"], ["flaky", "OPEN"]]
+
+
+async def test_a_deposed_leader_changes_no_breaker(
+    conn: asyncpg.Connection, schema: str, leading: RoleContext
+) -> None:
+    q = for_schema(schema)
+    db_now: datetime = await conn.fetchval("SELECT now()")
+    keeper = BreakerKeeper(clock=FakeClock(db_now - timedelta(hours=1)))
+    await _setup(conn, schema)
+    await _fail(conn, q, await _claim_flow(conn, q, 3))
+    await conn.execute(f"UPDATE {schema}.leader SET resigned_at = now() WHERE term = $1",
+                       leading.term)  # fmt: skip
+    with pytest.raises(Deposed):
+        await keeper.step(leading)
+    assert await conn.fetchval(
+        f"SELECT breaker_limit FROM {schema}.kind WHERE name = 'flaky'"
+    ) is None  # fmt: skip
