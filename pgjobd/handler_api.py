@@ -210,7 +210,7 @@ def _build_spec(
             rate = parse_rate_limit(rate_limit)
         except ValueError as e:
             raise ValueError(f"{where}: rate_limit: {e}") from None
-    breaker, cooldown_s = _breaker(where, circuit_breaker, breaker_cooldown)
+    breaker, cooldown_s = _breaker(f"{where} (kind {kind})", circuit_breaker, breaker_cooldown)
     discard_on = discard_on if isinstance(discard_on, tuple) else (discard_on,)
     for exc_type in discard_on:
         if not (isinstance(exc_type, type) and issubclass(exc_type, BaseException)):

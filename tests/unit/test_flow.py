@@ -105,6 +105,16 @@ def test_job_declares_a_circuit_breaker() -> None:
     @job(circuit_breaker="2/10s")
     def defaulted(args: dict[str, object]) -> None: ...
 
+    with pytest.raises(ValueError, match=r"\.broken \(kind payments\): circuit_breaker: expected"):
+
+        @job(kind="payments", circuit_breaker="5 per minute")
+        def broken(args: dict[str, object]) -> None: ...
+
+    with pytest.raises(ValueError, match=r"\(kind slow\): breaker_cooldown must be from"):
+
+        @job(kind="slow", circuit_breaker="5/1m", breaker_cooldown="2d")
+        def slow(args: dict[str, object]) -> None: ...
+
     spec, other = handler_spec(flaky), handler_spec(defaulted)
     assert spec is not None and other is not None
     assert (spec.circuit_breaker, spec.breaker_cooldown_s) == (
@@ -139,14 +149,14 @@ def test_any_breaker_declaration_is_taken_in_bounds_or_refused_naming_kind_and_k
                            breaker_cooldown=cooldown)  # type: ignore[arg-type]  # fmt: skip
     except ValueError as e:
         message = str(e)
-        assert message.startswith("@job on ") and ".flaky: " in message
+        assert message.startswith("@job on ") and ".flaky (kind flaky): " in message
         try:
             parse_circuit_breaker(breaker)
         except ValueError:
             key = "breaker_cooldown" if breaker is None else "circuit_breaker"
         else:
             key = "breaker_cooldown"
-        assert f".flaky: {key}" in message, message
+        assert f"(kind flaky): {key}" in message, message
     else:
         if breaker is None:
             assert cooldown is None and spec.circuit_breaker is None
