@@ -325,7 +325,8 @@ RETURNING j.id;
 -- lease is the member's failure, not the kind's: not counted). Open (0, no probe):
 -- half-opens (1) once the cool-down has passed. Half-open with its probe taken by a
 -- claim (0 and breaker_probe): opens again if that attempt failed, closes if it
--- completed, half-opens again if it ended otherwise (cancelled: no verdict). A
+-- completed, half-opens again if it ended otherwise (cancelled, snoozed, given back,
+-- its lease lost with its member: no verdict). A
 -- half-open breaker waiting for its probe (1) is the claims' to change. Each update
 -- applies only to the state it was decided on. Run inside `fenced`.
 -- Returns each breaker's state after the step (closed, open, half_open), the change
@@ -349,7 +350,8 @@ WITH t AS (
                WHEN k.breaker_probe IS NULL THEN NULL
                WHEN EXISTS (SELECT FROM {{schema}}.job_attempt AS a
                             WHERE a.job_id = k.breaker_probe
-                              AND a.attempt = k.breaker_probe_attempt) THEN 'failed'
+                              AND a.attempt = k.breaker_probe_attempt
+                              AND a.outcome <> 'lease_expired') THEN 'failed'
                WHEN EXISTS (SELECT FROM {{schema}}.job AS j
                             WHERE j.id = k.breaker_probe AND j.state = 'running'
                               AND j.attempt = k.breaker_probe_attempt) THEN 'running'

@@ -289,3 +289,22 @@ async def test_a_deposed_leader_changes_no_breaker(
     assert await conn.fetchval(
         f"SELECT breaker_limit FROM {schema}.kind WHERE name = 'flaky'"
     ) is None  # fmt: skip
+
+
+async def test_a_probe_whose_member_died_is_no_verdict(
+    conn: asyncpg.Connection, schema: str, leading: RoleContext
+) -> None:
+    q = for_schema(schema)
+    keeper = await _open(conn, schema, leading)
+    assert isinstance(keeper.clock, FakeClock)
+    keeper.clock.advance(seconds=31)
+    await _state(keeper, leading)
+    [(probe, _)] = await _claim_flow(conn, q)
+    await conn.execute(
+        f"UPDATE {schema}.job SET lease_expires_at = now() - interval '1 s' WHERE id = $1",
+        probe,
+    )
+    reaped = await q.job_reap_expired(conn, leading.term, timedelta(0), 100, [], 3)
+    assert reaped.rescued == 1
+    assert await _state(keeper, leading) == ("half_open", "half_open")
+    assert len(await _claim_flow(conn, q)) == 1
