@@ -21,7 +21,8 @@ Two parts, each in its own fresh schema (``bench_flow``, dropped at the end):
   enqueue's commit to an empty hot table.
 
     .venv/bin/python bench/flow.py [--reps 3] [--n 20000] [--drain-n 5000] [--dsn DSN]
-        [--parts claim,drain] [--modes baseline,unlimited,limited,every_limit,tenants,fair]
+        [--parts claim,drain]
+        [--modes baseline,unlimited,no_breaker,limited,every_limit,tenants,fair]
 
 Not a test: it prints figures, and the ratios beside the issue's targets.
 """
@@ -50,7 +51,8 @@ FLOW_GUARD = """
       AND NOT EXISTS (SELECT FROM {s}.queue AS q
                       WHERE q.name = $1 AND (q.paused OR q.flow))
       AND NOT EXISTS (SELECT FROM {s}.kind AS k
-                      WHERE k.global_concurrency IS NOT NULL OR k.rate_limit IS NOT NULL)"""
+                      WHERE k.global_concurrency IS NOT NULL OR k.rate_limit IS NOT NULL
+                            OR k.breaker_limit IS NOT NULL)"""
 OLD_GUARD = """
       AND NOT EXISTS (SELECT FROM {s}.queue AS q WHERE q.name = $1 AND q.paused)"""
 
@@ -137,11 +139,16 @@ async def claim_part(
     statements = {
         "baseline": q.sql("job_claim").replace(new_guard, old_guard),
         "unlimited": q.sql("job_claim"),
+        # job_claim before the circuit breaker's predicate (issue 12): its price.
+        "no_breaker": q.sql("job_claim").replace(
+            "\n                            OR k.breaker_limit IS NOT NULL)", ")"
+        ),
         "limited": q.sql("job_claim_flow"),
         "every_limit": q.sql("job_claim_flow"),
         "tenants": q.sql("job_claim_flow"),
         "fair": q.sql("job_claim_flow"),
     }
+    assert statements["no_breaker"] != statements["unlimited"], "the breaker guard changed"
     statements = {mode: statements[mode] for mode in modes}
     rates: dict[str, list[float]] = {mode: [] for mode in statements}
     latencies: dict[str, list[float]] = {mode: [] for mode in statements}

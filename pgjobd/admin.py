@@ -154,10 +154,22 @@ class QueueStatus(msgspec.Struct, frozen=True):
     blocked: int = 0  # waiting for dependencies (depends_on, after)
 
 
+class BreakerStatus(msgspec.Struct, frozen=True):
+    """A kind's circuit breaker: closed, open (not claimed) or half_open (one probe)."""
+
+    state: str
+    since: datetime | None  # when it entered that state (None: never changed)
+    circuit_breaker: str  # "N/DURATION": N failed attempts within DURATION open it
+    cooldown_s: float
+    probe: int | None  # the probe job while one runs
+
+
 class Status(msgspec.Struct, frozen=True):
     members: list[MemberStatus]
     leader: LeaderStatus | None
     queues: dict[str, QueueStatus]
+    # Per kind that declares a circuit breaker.
+    breakers: dict[str, BreakerStatus] = msgspec.field(default_factory=dict)
 
 
 class JobSummary(msgspec.Struct, frozen=True):
@@ -396,8 +408,16 @@ async def status(db: Db, schema: str, *, liveness: timedelta = MEMBER_LIVENESS) 
     ):
         members, leader = await _fleet(conn, q, schema, liveness)
         queue_rows = await q.admin_status_queues(conn, liveness)
+        breaker_rows = await q.admin_status_breakers(conn)
     queues = {r.queue: _queue_status(r) for r in queue_rows}
-    return Status(members=members, leader=leader, queues=queues)
+    breakers = {
+        r.kind: BreakerStatus(
+            state=r.state, since=r.since, cooldown_s=r.cooldown_s, probe=r.probe,
+            circuit_breaker=str(RateLimit(r.failures, timedelta(seconds=r.window_s))),
+        )
+        for r in breaker_rows
+    }  # fmt: skip
+    return Status(members=members, leader=leader, queues=queues, breakers=breakers)
 
 
 async def fleet(

@@ -469,6 +469,16 @@ async def _status(args: argparse.Namespace, pool: asyncpg.Pool, schema: str) -> 
     headers = ["QUEUE", "AVAILABLE", "SCHEDULED", "RUNNING", "RETRYABLE", "BLOCKED", "DEAD/1H",
                "OLDEST", "JOBS/S", "PAUSED", "LIMITS"]  # fmt: skip
     _table(headers, rows)
+    if status.breakers:
+        not_closed = sum(1 for b in status.breakers.values() if b.state != "closed")
+        print()
+        print(f"circuit breakers: {len(status.breakers)}, {not_closed} not closed")
+        rows = [
+            [kind, b.state.replace("_", "-").upper(), _time(b.since), b.circuit_breaker,
+             _age(b.cooldown_s), "" if b.probe is None else str(b.probe)]
+            for kind, b in status.breakers.items()
+        ]  # fmt: skip
+        _table(["KIND", "STATE", "SINCE", "OPENS AT", "COOL-DOWN", "PROBE"], rows)
     return EXIT_OK
 
 

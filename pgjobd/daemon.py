@@ -57,6 +57,7 @@ from pgjobd.model import Outcome
 from pgjobd.notifier import Notifier
 from pgjobd.queries import Queries, for_schema
 from pgjobd.roles import Role
+from pgjobd.roles.breaker import BreakerKeeper
 from pgjobd.roles.cron import CronTicker
 from pgjobd.roles.depth_counter import DepthCounter
 from pgjobd.roles.horizon import HorizonWatchdog
@@ -96,6 +97,7 @@ def leader_roles() -> list[Role]:
         DepthCounter(),
         QueueSampler(),
         PriorityAger(),
+        BreakerKeeper(),
     ]
 
 

@@ -38,3 +38,24 @@ def parse_rate_limit(text: object) -> RateLimit:
     if window <= timedelta(0):
         raise ValueError(f'{expected}: the window must be more than "0s", got {text!r}')
     return RateLimit(starts, window)
+
+
+# A kind's circuit breaker (@job(circuit_breaker="N/DURATION", breaker_cooldown=)):
+# the window and the cool-down each from 1 s (the breaker role's tick) to a day.
+BREAKER_COOLDOWN_S = 30.0  # when circuit_breaker is given without breaker_cooldown
+BREAKER_COOLDOWN_MIN_S = 1.0
+BREAKER_SPAN_MAX_S = 86_400.0
+
+
+def parse_circuit_breaker(text: object) -> RateLimit:
+    """A breaker's "N/DURATION" (N failed attempts within DURATION open it); ValueError
+    (saying what is expected) otherwise."""
+    expected = (f'expected "N/DURATION" like "5/1m" (N failed attempts from 1 to {MAX_RATE} '
+                f'within DURATION, from "1s" to "1d")')  # fmt: skip
+    try:
+        rate = parse_rate_limit(text)
+    except ValueError as e:
+        raise ValueError(f"{expected}; {e}") from None
+    if not BREAKER_COOLDOWN_MIN_S <= rate.window.total_seconds() <= BREAKER_SPAN_MAX_S:
+        raise ValueError(f"{expected}, got {text!r}")
+    return rate

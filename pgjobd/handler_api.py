@@ -15,7 +15,14 @@ import msgspec
 
 from pgjobd.duration import to_timedelta
 from pgjobd.errors import PgjobdError
-from pgjobd.flow import RateLimit, parse_rate_limit
+from pgjobd.flow import (
+    BREAKER_COOLDOWN_MIN_S,
+    BREAKER_COOLDOWN_S,
+    BREAKER_SPAN_MAX_S,
+    RateLimit,
+    parse_circuit_breaker,
+    parse_rate_limit,
+)
 from pgjobd.names import kind_name_problem, queue_name_problem
 from pgjobd.redact import check_fields
 
@@ -48,6 +55,10 @@ class HandlerSpec:
     # Fleet-wide limits of the kind (contract §9), None: no limit.
     global_concurrency: int | None = None
     rate_limit: RateLimit | None = None
+    # The kind's circuit breaker: so many failed attempts in the window open it for
+    # breaker_cooldown_s (flow.parse_circuit_breaker). None: none.
+    circuit_breaker: RateLimit | None = None
+    breaker_cooldown_s: float | None = None
     redact: tuple[str, ...] = ()  # args fields kept out of logs and errors (redact.py)
     # The version of the args it expects, and how to upgrade older payloads: upgraders[v]
     # turns version v's args into version v + 1's.
@@ -81,6 +92,8 @@ def job(
     discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
     global_concurrency: int | None = None,
     rate_limit: str | None = None,
+    circuit_breaker: str | None = None,
+    breaker_cooldown: DurationLike | None = None,
     redact: Sequence[str] = (),
     args_version: int = 1,
     upgraders: Mapping[int, Upgrader] | None = None,
@@ -99,6 +112,8 @@ def job(
     discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
     global_concurrency: int | None = None,
     rate_limit: str | None = None,
+    circuit_breaker: str | None = None,
+    breaker_cooldown: DurationLike | None = None,
     redact: Sequence[str] = (),
     args_version: int = 1,
     upgraders: Mapping[int, Upgrader] | None = None,
@@ -123,6 +138,8 @@ def job(
             discard_on=discard_on,
             global_concurrency=global_concurrency,
             rate_limit=rate_limit,
+            circuit_breaker=circuit_breaker,
+            breaker_cooldown=breaker_cooldown,
             redact=redact,
             args_version=args_version,
             upgraders=upgraders or {},
@@ -146,6 +163,8 @@ def _build_spec(
     discard_on: type[BaseException] | tuple[type[BaseException], ...],
     global_concurrency: int | None = None,
     rate_limit: str | None = None,
+    circuit_breaker: str | None = None,
+    breaker_cooldown: DurationLike | None = None,
     redact: Sequence[str] = (),
     args_version: int = 1,
     upgraders: Mapping[int, Upgrader] | None = None,
@@ -191,6 +210,7 @@ def _build_spec(
             rate = parse_rate_limit(rate_limit)
         except ValueError as e:
             raise ValueError(f"{where}: rate_limit: {e}") from None
+    breaker, cooldown_s = _breaker(f"{where} (kind {kind})", circuit_breaker, breaker_cooldown)
     discard_on = discard_on if isinstance(discard_on, tuple) else (discard_on,)
     for exc_type in discard_on:
         if not (isinstance(exc_type, type) and issubclass(exc_type, BaseException)):
@@ -221,10 +241,36 @@ def _build_spec(
         source=inspect.unwrap(fn).__code__.co_filename,
         global_concurrency=global_concurrency,
         rate_limit=rate,
+        circuit_breaker=breaker,
+        breaker_cooldown_s=cooldown_s,
         redact=check_fields(redact, where),
         args_version=args_version,
         upgraders=upgraders,
     )
+
+
+def _breaker(
+    where: str, circuit_breaker: object, cooldown: object
+) -> tuple[RateLimit | None, float | None]:
+    """The failures "N/DURATION" and the cool-down (s) of a kind's circuit breaker."""
+    if circuit_breaker is None:
+        if cooldown is not None:
+            raise ValueError(f"{where}: breaker_cooldown needs a circuit_breaker "
+                             f'(like circuit_breaker="5/1m")')  # fmt: skip
+        return None, None
+    try:
+        breaker = parse_circuit_breaker(circuit_breaker)
+    except ValueError as e:
+        raise ValueError(f"{where}: circuit_breaker: {e}") from None
+    if cooldown is None:
+        return breaker, BREAKER_COOLDOWN_S
+    try:
+        cooldown_s = to_seconds(cooldown)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: breaker_cooldown: {e}") from None
+    if not BREAKER_COOLDOWN_MIN_S <= cooldown_s <= BREAKER_SPAN_MAX_S:
+        raise ValueError(f'{where}: breaker_cooldown must be from "1s" to "1d", not {cooldown!r}')
+    return breaker, cooldown_s
 
 
 def _is_int(value: object) -> bool:

@@ -67,7 +67,8 @@ JOBS_CLAIMED = _per_kind(
 JOBS_THROTTLED = Counter(
     "pgjobd_jobs_throttled_total",
     "Claims by this member that a fleet-wide limit held back while jobs were available "
-    "(limit: global_concurrency, rate_limit, kind_global_concurrency, kind_rate_limit).",
+    "(limit: global_concurrency, rate_limit, tenant_concurrency, kind_global_concurrency, "
+    "kind_rate_limit, kind_circuit_breaker).",
     ["queue", "limit"], registry=REGISTRY,
 )  # fmt: skip
 JOBS_COMPLETED = _per_kind(
@@ -211,10 +212,22 @@ WRAPAROUND_AGE = Gauge(
     "pgjobd_database_wraparound_age_xids", "age(datfrozenxid) of the database; leader only.",
     registry=REGISTRY,
 )  # fmt: skip
+KIND_BREAKER_STATE = Gauge(
+    "pgjobd_kind_breaker_state",
+    "State of each declared circuit breaker: 0 closed, 1 half-open, 2 open; leader only.",
+    ["kind"], registry=REGISTRY,
+)  # fmt: skip
+KIND_BREAKER_OPENED = Counter(
+    "pgjobd_kind_breaker_opened_total",
+    "Circuit breakers opened by this member's breaker role (again after a failed probe "
+    "included); leader only.",
+    ["kind"], registry=REGISTRY,
+)  # fmt: skip
 _FLEET_GAUGES: tuple[Gauge, ...] = (
     QUEUE_JOBS, QUEUE_OLDEST_AGE, QUEUE_PAUSED, JOB_TABLE_ROWS, JOB_TABLE_DEAD_RATIO,
-    XMIN_HORIZON_AGE, XMIN_HORIZON_XIDS, WRAPAROUND_AGE,
+    XMIN_HORIZON_AGE, XMIN_HORIZON_XIDS, WRAPAROUND_AGE, KIND_BREAKER_STATE,
 )  # fmt: skip
+BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
 
 QUEUE_STATES = ("available", "scheduled", "running", "retryable", "blocked")
 
@@ -302,6 +315,14 @@ def set_queue_stats(stats: Iterable[QueueStat]) -> None:
             QUEUE_JOBS.labels(stat.queue, state).set(stat.counts.get(state, 0))
         QUEUE_OLDEST_AGE.labels(stat.queue).set(stat.oldest_available_age_s or 0.0)
         QUEUE_PAUSED.labels(stat.queue).set(1 if stat.paused else 0)
+
+
+def set_breakers(states: Iterable[tuple[str, str]]) -> None:
+    """Replace the breaker gauge with (kind, state) pairs: a kind no longer declaring a
+    breaker leaves no stale series."""
+    KIND_BREAKER_STATE.clear()
+    for kind, state in states:
+        KIND_BREAKER_STATE.labels(kind).set(BREAKER_STATES[state])
 
 
 def set_horizon(reading: HorizonReading) -> None:

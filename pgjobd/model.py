@@ -74,3 +74,5 @@ class KindInfo(msgspec.Struct, frozen=True):
     global_concurrency: int | None = None
     rate_limit: str | None = None  # "N/DURATION", as flow.RateLimit writes it
     redact: tuple[str, ...] = ()
+    circuit_breaker: str | None = None  # failures "N/DURATION", as flow.RateLimit writes it
+    breaker_cooldown_s: float | None = None

@@ -153,6 +153,8 @@ def kind_info(spec: HandlerSpec) -> KindInfo:
         global_concurrency=spec.global_concurrency,
         rate_limit=None if spec.rate_limit is None else str(spec.rate_limit),
         redact=spec.redact,
+        circuit_breaker=None if spec.circuit_breaker is None else str(spec.circuit_breaker),
+        breaker_cooldown_s=spec.breaker_cooldown_s,
     )
 
 

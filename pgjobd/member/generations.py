@@ -20,7 +20,7 @@ from pgjobd import log as pgjobd_log
 from pgjobd.completer import Completer
 from pgjobd.config import DEFAULT_QUEUE, Config, QueueConfig
 from pgjobd.errors import ConfigError, PgjobdError, SchemaError
-from pgjobd.flow import RateLimit, parse_rate_limit
+from pgjobd.flow import BREAKER_COOLDOWN_S, RateLimit, parse_circuit_breaker, parse_rate_limit
 from pgjobd.member import HeldJobs, MemberContext, watched
 from pgjobd.model import KindInfo, Outcome
 from pgjobd.notifier import Notifier
@@ -314,12 +314,17 @@ async def declare_kinds(
         queue = info.queue or DEFAULT_QUEUE
         queue_config: QueueConfig = queues.get(queue, queues[DEFAULT_QUEUE])
         rate = None if info.rate_limit is None else parse_rate_limit(info.rate_limit)
+        breaker, cooldown = None, None
+        if info.circuit_breaker is not None:
+            breaker = parse_circuit_breaker(info.circuit_breaker)
+            cooldown = timedelta(seconds=info.breaker_cooldown_s or BREAKER_COOLDOWN_S)
         rows.append(KindDeclared(
             info.kind, queue, info.priority or 0,
             info.max_attempts or queue_config.max_attempts,
             info.timeout_s or queue_config.timeout.total_seconds(),
             info.global_concurrency, rate and rate.starts, rate and rate.window,
             json.dumps(list(info.redact)),
+            breaker and breaker.starts, breaker and breaker.window, cooldown,
         ))  # fmt: skip
     if rows:
         async with db.acquire(pool) as conn:

@@ -50,6 +50,21 @@ WHERE l.resigned_at IS NULL
 ORDER BY l.term DESC
 LIMIT 1;
 
+-- name: admin_status_breakers
+-- The kinds that declare a circuit breaker, with its state (closed, open, half_open),
+-- when that state began, and the probe job while one runs.
+SELECT k.name AS kind,
+       CASE WHEN k.breaker_limit IS NULL THEN 'closed'
+            WHEN k.breaker_limit = 1 OR k.breaker_probe IS NOT NULL THEN 'half_open'
+            ELSE 'open' END AS state,
+       k.breaker_at AS since, k.breaker_failures AS failures,
+       extract(epoch FROM k.breaker_window)::float8 AS window_s,
+       extract(epoch FROM k.breaker_cooldown)::float8 AS cooldown_s,
+       k.breaker_probe AS probe
+FROM {{schema}}.kind AS k
+WHERE k.breaker_failures IS NOT NULL
+ORDER BY k.name;
+
 -- name: admin_status_queues
 -- Per queue: live counts by state, the oldest available job's age (s, NULL when none
 -- is available), paused, dead jobs of the last hour and completions per second over

@@ -147,8 +147,9 @@ ORDER BY a.attempt, a.failed_at;
 -- kills its worker still uses up attempts. Each claim gets a new fence; the lease
 -- comes from the database clock. A paused queue gives nothing. waited_s: due (run_at)
 -- to claimed, on the database clock (for pgjobd_job_wait_seconds). Neither does a
--- queue that needs flow control (limits or groups, its own or any kind's): that one
--- claims through job_claim_flow, and the producer learns which from queue_flow_get.
+-- queue that needs flow control (limits or groups, its own or any kind's, or a kind's
+-- circuit breaker that is not closed): that one claims through job_claim_flow, and the
+-- producer learns which from queue_flow_get.
 -- $1 queue, $2 limit, $3 member id, $4 lease
 WITH picked AS (
     SELECT j.id
@@ -157,7 +158,8 @@ WITH picked AS (
       AND NOT EXISTS (SELECT FROM {{schema}}.queue AS q
                       WHERE q.name = $1 AND (q.paused OR q.flow))
       AND NOT EXISTS (SELECT FROM {{schema}}.kind AS k
-                      WHERE k.global_concurrency IS NOT NULL OR k.rate_limit IS NOT NULL)
+                      WHERE k.global_concurrency IS NOT NULL OR k.rate_limit IS NOT NULL
+                            OR k.breaker_limit IS NOT NULL)
       AND (j.expires_at IS NULL OR j.expires_at > now())  -- expired: the reaper ends it
     ORDER BY j.priority, j.run_at, j.id
     LIMIT $2
@@ -196,11 +198,12 @@ FROM {{schema}}.job_claim_flow($1, $2, $3, $4::interval) AS c;
 
 -- name: queue_flow_get
 -- Whether queue $1 claims through job_claim_flow (its limits or groups, or any kind's
--- limit): what the producer checks to choose its claim statement.
+-- limit or breaker not closed): what the producer checks to choose its claim statement.
 -- $1 queue
 SELECT coalesce((SELECT q.flow FROM {{schema}}.queue AS q WHERE q.name = $1), false)
        OR EXISTS (SELECT FROM {{schema}}.kind AS k
-                  WHERE k.global_concurrency IS NOT NULL OR k.rate_limit IS NOT NULL)
+                  WHERE k.global_concurrency IS NOT NULL OR k.rate_limit IS NOT NULL
+                        OR k.breaker_limit IS NOT NULL)
        AS flow;
 
 -- name: job_promote_due

@@ -317,3 +317,84 @@ SET priority = j.priority - 1
 FROM moved AS m
 WHERE j.id = m.id AND j.state = 'available'
 RETURNING j.id;
+
+-- name: kind_breakers_step
+-- The circuit breakers' transitions (roles/breaker.py), one row per kind that declares
+-- a breaker. Closed (breaker_limit NULL): opens when its failed attempts since both
+-- the window's start and the breaker's last change reach breaker_failures (a lost
+-- lease is the member's failure, not the kind's: not counted). Open (0, no probe):
+-- half-opens (1) once the cool-down has passed. Half-open with its probe taken by a
+-- claim (0 and breaker_probe): opens again if that attempt failed, closes if it
+-- completed, half-opens again if it ended otherwise (cancelled, snoozed, given back,
+-- its lease lost with its member: no verdict). A
+-- half-open breaker waiting for its probe (1) is the claims' to change. Each update
+-- applies only to the state it was decided on. Run inside `fenced`.
+-- Returns each breaker's state after the step (closed, open, half_open), the change
+-- made (opened, half_open, closed; NULL: none), the failures counted (while closed)
+-- and the probe's id (while one is out or was judged now).
+-- $1 now (NULL: the database's)
+WITH t AS (
+    SELECT coalesce($1::timestamptz, now()) AS now
+), b AS (
+    SELECT k.name, k.breaker_failures, k.breaker_cooldown, k.breaker_limit, k.breaker_at,
+           k.breaker_probe,
+           CASE WHEN k.breaker_limit IS NULL THEN (
+               SELECT count(*)::integer FROM (
+                   SELECT FROM {{schema}}.job_attempt AS a
+                   WHERE a.kind = k.name AND a.outcome <> 'lease_expired'
+                     AND a.failed_at > greatest(t.now - k.breaker_window,
+                                                coalesce(k.breaker_at, '-infinity'))
+                   LIMIT k.breaker_failures) AS f)
+           END AS failures,
+           CASE
+               WHEN k.breaker_probe IS NULL THEN NULL
+               WHEN EXISTS (SELECT FROM {{schema}}.job_attempt AS a
+                            WHERE a.job_id = k.breaker_probe
+                              AND a.attempt = k.breaker_probe_attempt
+                              AND a.outcome <> 'lease_expired') THEN 'failed'
+               WHEN EXISTS (SELECT FROM {{schema}}.job AS j
+                            WHERE j.id = k.breaker_probe AND j.state = 'running'
+                              AND j.attempt = k.breaker_probe_attempt) THEN 'running'
+               WHEN EXISTS (SELECT FROM {{schema}}.job_history AS h
+                            WHERE h.id = k.breaker_probe AND h.state = 'completed'
+                              AND h.attempt = k.breaker_probe_attempt) THEN 'completed'
+               ELSE 'ended'
+           END AS probe_outcome
+    FROM {{schema}}.kind AS k CROSS JOIN t
+    WHERE k.breaker_failures IS NOT NULL
+), decided AS (
+    SELECT b.*,
+           CASE
+               WHEN b.breaker_limit IS NULL AND b.failures >= b.breaker_failures
+                   THEN 'opened'
+               WHEN b.breaker_limit = 0 AND b.breaker_probe IS NULL
+                    AND b.breaker_at + b.breaker_cooldown <= t.now THEN 'half_open'
+               WHEN b.probe_outcome = 'failed' THEN 'opened'
+               WHEN b.probe_outcome = 'completed' THEN 'closed'
+               WHEN b.probe_outcome = 'ended' THEN 'half_open'
+           END AS change
+    FROM b CROSS JOIN t
+), changed AS (
+    UPDATE {{schema}}.kind AS k
+    SET breaker_limit = CASE d.change WHEN 'opened' THEN 0 WHEN 'half_open' THEN 1 END,
+        -- A close starts the count of failures, which the database's clock stamps.
+        breaker_at = CASE WHEN d.change = 'closed' THEN now() ELSE t.now END,
+        breaker_probe = NULL, breaker_probe_attempt = NULL
+    FROM decided AS d CROSS JOIN t
+    WHERE k.name = d.name AND d.change IS NOT NULL
+      AND k.breaker_limit IS NOT DISTINCT FROM d.breaker_limit
+      AND k.breaker_probe IS NOT DISTINCT FROM d.breaker_probe
+    RETURNING k.name
+)
+SELECT d.name AS kind,
+       CASE WHEN c.name IS NOT NULL
+            THEN CASE d.change WHEN 'opened' THEN 'open' ELSE d.change END
+            WHEN d.breaker_limit IS NULL THEN 'closed'
+            WHEN d.breaker_limit = 1 OR d.breaker_probe IS NOT NULL THEN 'half_open'
+            ELSE 'open'
+       END AS state,
+       CASE WHEN c.name IS NOT NULL THEN d.change END AS change,
+       d.failures, d.breaker_probe AS probe
+FROM decided AS d
+LEFT JOIN changed AS c ON c.name = d.name
+ORDER BY d.name;

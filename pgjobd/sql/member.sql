@@ -23,31 +23,46 @@ DELETE FROM {{schema}}.member WHERE id = $1;
 -- Records each kind's effective defaults and fleet-wide limits as this member's
 -- handlers declare them, so enqueues that name only the kind land in the right queue
 -- and every claim honours the kind's limits (the newest member wins), and the args
--- fields its handler redacts, so that the admin commands mask them.
+-- fields its handler redacts, so that the admin commands mask them. A kind's circuit
+-- breaker keeps its state while it stays declared; a declaration without one closes it.
 -- $1 kinds, $2 queues, $3 priorities, $4 max_attempts, $5 timeouts (s),
 -- $6 global concurrencies, $7 rate limits (starts), $8 rate windows, $9 redacted fields
--- (a JSON array of names per kind), $10 member id
+-- (a JSON array of names per kind), $10 breaker failures, $11 breaker windows,
+-- $12 breaker cool-downs, $13 member id
 INSERT INTO {{schema}}.kind AS k (name, queue, priority, max_attempts, timeout_s,
                                   declared_by, updated_at, global_concurrency, rate_limit,
-                                  rate_window, redact)
-SELECT d.name, d.queue, d.priority, d.max_attempts, d.timeout_s, $10, now(),
+                                  rate_window, redact, breaker_failures, breaker_window,
+                                  breaker_cooldown)
+SELECT d.name, d.queue, d.priority, d.max_attempts, d.timeout_s, $13, now(),
        d.global_concurrency, d.rate_limit, d.rate_window,
-       ARRAY(SELECT jsonb_array_elements_text(d.redact))
+       ARRAY(SELECT jsonb_array_elements_text(d.redact)),
+       d.breaker_failures, d.breaker_window, d.breaker_cooldown
 FROM unnest($1::text[], $2::text[], $3::smallint[], $4::integer[], $5::float8[],
-            $6::integer[], $7::integer[], $8::interval[], $9::text[]::jsonb[])
+            $6::integer[], $7::integer[], $8::interval[], $9::text[]::jsonb[],
+            $10::integer[], $11::interval[], $12::interval[])
      AS d(name, queue, priority, max_attempts, timeout_s, global_concurrency, rate_limit,
-          rate_window, redact)
+          rate_window, redact, breaker_failures, breaker_window, breaker_cooldown)
 ON CONFLICT (name) DO UPDATE
 SET queue = excluded.queue, priority = excluded.priority,
     max_attempts = excluded.max_attempts, timeout_s = excluded.timeout_s,
     declared_by = excluded.declared_by, updated_at = excluded.updated_at,
     global_concurrency = excluded.global_concurrency, rate_limit = excluded.rate_limit,
-    rate_window = excluded.rate_window, redact = excluded.redact
+    rate_window = excluded.rate_window, redact = excluded.redact,
+    breaker_failures = excluded.breaker_failures, breaker_window = excluded.breaker_window,
+    breaker_cooldown = excluded.breaker_cooldown,
+    breaker_limit = CASE WHEN excluded.breaker_failures IS NOT NULL THEN k.breaker_limit END,
+    breaker_at = CASE WHEN excluded.breaker_failures IS NOT NULL THEN k.breaker_at END,
+    breaker_probe = CASE WHEN excluded.breaker_failures IS NOT NULL THEN k.breaker_probe END,
+    breaker_probe_attempt = CASE WHEN excluded.breaker_failures IS NOT NULL
+                                 THEN k.breaker_probe_attempt END
 WHERE (k.queue, k.priority, k.max_attempts, k.timeout_s, k.global_concurrency,
-       k.rate_limit, k.rate_window, k.redact)
+       k.rate_limit, k.rate_window, k.redact, k.breaker_failures, k.breaker_window,
+       k.breaker_cooldown)
       IS DISTINCT FROM (excluded.queue, excluded.priority, excluded.max_attempts,
                         excluded.timeout_s, excluded.global_concurrency,
-                        excluded.rate_limit, excluded.rate_window, excluded.redact);
+                        excluded.rate_limit, excluded.rate_window, excluded.redact,
+                        excluded.breaker_failures, excluded.breaker_window,
+                        excluded.breaker_cooldown);
 
 -- name: queue_limits_write
 -- Writes the fleet-wide limits of the queues this member serves, as its config says

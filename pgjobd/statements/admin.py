@@ -150,6 +150,18 @@ class CronListRow(NamedTuple):
     updated_at: datetime
 
 
+class BreakerStatusRow(NamedTuple):
+    """A kind's circuit breaker, as status shows it."""
+
+    kind: str
+    state: str  # closed, open, half_open
+    since: datetime | None  # when its state last changed (None: never)
+    failures: int  # failed attempts within window_s open it
+    window_s: float
+    cooldown_s: float
+    probe: int | None  # the probe job while one runs
+
+
 class AdminStatements(Rendered):
     @statement("admin_audit_insert")
     async def admin_audit_insert(
@@ -185,6 +197,10 @@ class AdminStatements(Rendered):
     @statement("admin_kind_redact")
     async def admin_kind_redact(self, conn: Conn, kind: str) -> KindRedactRow | None:
         return row_of(KindRedactRow, await conn.fetchrow(self.sql("admin_kind_redact"), kind))
+
+    @statement("admin_status_breakers")
+    async def admin_status_breakers(self, conn: Conn) -> list[BreakerStatusRow]:
+        return rows_of(BreakerStatusRow, await conn.fetch(self.sql("admin_status_breakers")))
 
     @statement("admin_status_members")
     async def admin_status_members(self, conn: Conn, liveness: timedelta) -> list[MemberRow]:

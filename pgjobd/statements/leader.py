@@ -4,7 +4,7 @@ rotator's and the queue stats' reads and writes."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from pgjobd import fingerprint
@@ -43,6 +43,16 @@ class ExpiredRow(NamedTuple):
     queue: str
     kind: str
     expired: int
+
+
+class BreakerRow(NamedTuple):
+    """A kind's circuit breaker after one step of the breaker role."""
+
+    kind: str
+    state: str  # closed, open, half_open
+    change: str | None  # opened, half_open, closed: what this step did (None: nothing)
+    failures: int | None  # counted while closed (at most the breaker's threshold)
+    probe: int | None  # the probe job's id, while one is out or was judged now
 
 
 class LeaderStatements(Rendered):
@@ -145,3 +155,9 @@ class LeaderStatements(Rendered):
     ) -> int:
         """How many jobs moved up one priority step."""
         return len(await conn.fetch(self.sql("job_priorities_age"), queue, aging, per_priority))
+
+    @statement("kind_breakers_step")
+    async def kind_breakers_step(self, conn: Conn, now: datetime | None) -> list[BreakerRow]:
+        """Every declared breaker's state after opening, half-opening or closing those
+        due (now: the clock's, None for the database's)."""
+        return rows_of(BreakerRow, await conn.fetch(self.sql("kind_breakers_step"), now))

@@ -21,6 +21,11 @@ class KindDeclared(NamedTuple):
     rate_limit: int | None  # starts per rate_window
     rate_window: timedelta | None
     redact: str  # the args fields its handler redacts, as a JSON array's text
+    # Its circuit breaker (None: none): failures in breaker_window open it for
+    # breaker_cooldown.
+    breaker_failures: int | None = None
+    breaker_window: timedelta | None = None
+    breaker_cooldown: timedelta | None = None
 
 
 class QueueLimits(NamedTuple):

@@ -144,7 +144,8 @@ async def test_status_json_lists_live_members_leader_and_queues(
     status = await pgjobd_json(dsn, schema, "status")
     plain = await pgjobd(dsn, schema, "status")
 
-    assert set(status) == {"members", "leader", "queues"}
+    assert set(status) == {"members", "leader", "queues", "breakers"}
+    assert status["breakers"] == {}
     [listed] = status["members"]
     assert set(listed) == STATUS_MEMBER_DOCUMENTED and set(listed) >= STATUS_MEMBER_KEYS
     assert listed["pid"] == member.process.pid

@@ -40,6 +40,7 @@ RUNNING_JOBS = 2_000  # held by members
 DUE_JOBS = 500  # claimable in QUEUE
 HISTORY_ROWS = 100_000  # final records in today's partition
 CHURNED_JOBS = 5_000  # inserted and deleted: dead tuples in every index of the hot table
+ATTEMPT_ROWS = 100_000  # failed attempts in today's partition, a tenth of them kind k
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,13 @@ CASES = [
     ),
     Case("job_get", lambda s: (s["history_id"],), (("job_pkey",), ("job_history_id_idx",))),
     Case("job_priorities_age", lambda s: (QUEUE, timedelta(0), BATCH), (("job_claim_idx",),)),
+    # The breaker role: a closed breaker counts its kind's recent failures, a probe's
+    # outcome is looked up by its id.
+    Case(
+        "kind_breakers_step",
+        lambda s: (None,),
+        (("job_attempt_kind_failed_at_idx",), ("job_attempt_job_id_attempt_idx",)),
+    ),
 ]
 
 
@@ -159,8 +167,19 @@ def seeded_schema(dsn: str) -> Iterator[tuple[str, dict[str, Any]]]:
                     max_attempts, priority, state, queue, kind, args)
                 SELECT 1000000000 + g, now(), now(), now(), 1, 20, 0, 'completed', '{QUEUE}', 'k', '{{}}'
                 FROM generate_series(1, {HISTORY_ROWS}) AS g;
+                INSERT INTO {name}.job_attempt (job_id, failed_at, attempt, queue, kind,
+                    outcome)
+                SELECT g, now() - g * interval '10 ms', 1, '{QUEUE}',
+                       CASE WHEN g % 10 = 0 THEN 'k' ELSE 'other' END, 'failed'
+                FROM generate_series(1, {ATTEMPT_ROWS}) AS g;
+                INSERT INTO {name}.kind (name, queue, breaker_failures, breaker_window,
+                    breaker_cooldown)
+                VALUES ('k', '{QUEUE}', 1000000, '1 hour', '30 s'),
+                       ('other', '{QUEUE}', 5, '1 minute', '30 s');
                 ANALYZE {job};
                 ANALYZE {name}.job_history;
+                ANALYZE {name}.job_attempt;
+                ANALYZE {name}.kind;
                 """  # noqa: E501
             )
             running = await conn.fetch(

@@ -449,6 +449,25 @@ async def test_the_overview_shows_a_queues_limits(
     assert limited["global_concurrency"] == 4 and limited["rate_limit"] in row
 
 
+async def test_the_overview_shows_the_circuit_breakers(
+    console: Console, jobs: Population, conn: asyncpg.Connection, schema: str
+) -> None:
+    client = await console()
+    assert "Circuit breakers" not in (await client.get("/")).text  # none declared
+    await conn.execute(
+        f"""INSERT INTO {schema}.kind (name, queue, breaker_failures, breaker_window,
+                breaker_cooldown, breaker_limit, breaker_at)
+            VALUES ('charge', 'default', 5, '1 minute', '30 s', 0, now()),
+                   ('calm', 'default', 3, '10 s', '1 minute', NULL, NULL)"""
+    )
+    page = (await client.get("/")).text
+    row = page[page.index('data-breaker="charge"') :].split("</tr>")[0]
+    assert ">open</span>" in row and "5/1m failed" in row
+    assert "closed" in page[page.index('data-breaker="calm"') :].split("</tr>")[0]
+    api = (await client.get("/api/status")).json()["breakers"]
+    assert api["charge"]["state"] == "open" and api["calm"]["state"] == "closed"
+
+
 async def test_a_kinds_secret_fields_are_masked_as_the_cli_masks_them(
     console: Console, conn: asyncpg.Connection, schema: str, dsn: str
 ) -> None:

@@ -1,4 +1,4 @@
-"""Rate limits as written in TOML and in @job: "N/DURATION"."""
+"""Rate limits as written in TOML and in @job: "N/DURATION"; a kind's circuit breaker."""
 
 from __future__ import annotations
 
@@ -12,8 +12,17 @@ from hypothesis import strategies as st
 from pgjobd import job
 from pgjobd.config import loads
 from pgjobd.errors import ConfigError
-from pgjobd.flow import MAX_RATE, RateLimit, parse_rate_limit
-from pgjobd.handler_api import handler_spec
+from pgjobd.flow import (
+    BREAKER_COOLDOWN_MIN_S,
+    BREAKER_COOLDOWN_S,
+    BREAKER_SPAN_MAX_S,
+    MAX_RATE,
+    RateLimit,
+    parse_circuit_breaker,
+    parse_rate_limit,
+)
+from pgjobd.handler_api import _build_spec, handler_spec
+from pgjobd.worker import kind_info
 
 
 def test_rate_limits_parse() -> None:
@@ -87,3 +96,74 @@ def test_the_flow_lock_purpose_is_the_one_the_sql_uses() -> None:
     texts = [m.read_text("utf-8") for m in migrations.iterdir() if m.name.endswith(".sql")]
     (defining,) = [t for t in texts if "FUNCTION {{schema}}.flow_lock(" in t]
     assert f"pg_advisory_xact_lock({FLOW}," in defining
+
+
+def test_job_declares_a_circuit_breaker() -> None:
+    @job(circuit_breaker="5/1m", breaker_cooldown="45s")
+    def flaky(args: dict[str, object]) -> None: ...
+
+    @job(circuit_breaker="2/10s")
+    def defaulted(args: dict[str, object]) -> None: ...
+
+    with pytest.raises(ValueError, match=r"\.broken \(kind payments\): circuit_breaker: expected"):
+
+        @job(kind="payments", circuit_breaker="5 per minute")
+        def broken(args: dict[str, object]) -> None: ...
+
+    with pytest.raises(ValueError, match=r"\(kind slow\): breaker_cooldown must be from"):
+
+        @job(kind="slow", circuit_breaker="5/1m", breaker_cooldown="2d")
+        def slow(args: dict[str, object]) -> None: ...
+
+    spec, other = handler_spec(flaky), handler_spec(defaulted)
+    assert spec is not None and other is not None
+    assert (spec.circuit_breaker, spec.breaker_cooldown_s) == (
+        RateLimit(5, timedelta(minutes=1)), 45.0)  # fmt: skip
+    assert other.breaker_cooldown_s == BREAKER_COOLDOWN_S
+    assert kind_info(spec).circuit_breaker == "5/1m"
+    assert parse_circuit_breaker(kind_info(spec).circuit_breaker) == spec.circuit_breaker
+
+
+_GOOD_COOLDOWN = st.one_of(
+    st.floats(BREAKER_COOLDOWN_MIN_S, BREAKER_SPAN_MAX_S),
+    st.integers(1, int(BREAKER_SPAN_MAX_S)).map(lambda s: f"{s}s"),
+)
+_ANY_VALUE = st.one_of(
+    st.none(), st.text(max_size=12), st.integers(-10, 10**6), st.booleans(),
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(
+        ["5/1m", "0/1m", "1/0s", "1/500ms", "3/2d", "1/1d", "100001/1s", "", "\x00", "5/1m ",
+         "1s", "30s", "0s", "1d", "25h", "-1s", "nan"]),
+    _GOOD_COOLDOWN,
+)  # fmt: skip
+
+
+@given(breaker=_ANY_VALUE, cooldown=_ANY_VALUE)
+def test_any_breaker_declaration_is_taken_in_bounds_or_refused_naming_kind_and_key(
+    breaker: object, cooldown: object
+) -> None:
+    def flaky(args: dict[str, object]) -> None: ...
+
+    try:
+        spec = _build_spec(flaky, kind="flaky", queue=None, max_attempts=None, timeout=None,
+                           priority=None, discard_on=(), circuit_breaker=breaker,  # type: ignore[arg-type]
+                           breaker_cooldown=cooldown)  # type: ignore[arg-type]  # fmt: skip
+    except ValueError as e:
+        message = str(e)
+        assert message.startswith("@job on ") and ".flaky (kind flaky): " in message
+        try:
+            parse_circuit_breaker(breaker)
+        except ValueError:
+            key = "breaker_cooldown" if breaker is None else "circuit_breaker"
+        else:
+            key = "breaker_cooldown"
+        assert f"(kind flaky): {key}" in message, message
+    else:
+        if breaker is None:
+            assert cooldown is None and spec.circuit_breaker is None
+            assert spec.breaker_cooldown_s is None
+        else:
+            rate = spec.circuit_breaker
+            assert rate is not None and 1 <= rate.starts <= MAX_RATE
+            assert BREAKER_COOLDOWN_MIN_S <= rate.window.total_seconds() <= BREAKER_SPAN_MAX_S
+            assert spec.breaker_cooldown_s is not None
+            assert BREAKER_COOLDOWN_MIN_S <= spec.breaker_cooldown_s <= BREAKER_SPAN_MAX_S
