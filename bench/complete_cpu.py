@@ -1,9 +1,10 @@
 """What a completion costs the database: backend CPU time of job_complete_many per batch
 of 50, read from /proc/<backend pid>/schedstat around each call (CPU time on the
 server, not wall time, so a loaded machine moves it little), for the statement as it
-is and for the one-statement form it had before issue 11 gave history writes one home
+is, for the one-statement form it had before issue 11 gave history writes one home
 (a DELETE ... RETURNING feeding an INSERT into job_history, no job_finish, nothing
-announced or settled), interleaved in one run on one schema.
+announced or settled), and for that form doing what finishing does since the
+lifecycle (announce, settle the jobs with dependants), interleaved in one run.
 
 Creates schema ``bench_complete`` (migrated fresh) and drops it at the end. Needs the
 server on this host (it reads the backend's /proc entry).
@@ -49,6 +50,20 @@ WITH finished AS (
 )
 SELECT f.id, f.fence FROM finished AS f
 """
+# The same one statement doing what finishing does since the lifecycle (0010, 0015):
+# announce every id on job_final, settle the jobs something depends on. Beside "now",
+# what giving history writes one home (job_finish) costs by itself.
+ONE_STATEMENT_SETTLING = ONE_STATEMENT.replace(
+    "SELECT f.id, f.fence FROM finished AS f",
+    """, announced AS (
+    SELECT pg_notify('{{schema}}.job_final', string_agg(f.id::text, ',')) FROM finished AS f
+), settled AS (
+    SELECT {{schema}}.job_settle(array_agg(f.id), NULL) FROM finished AS f
+    WHERE f.has_dependants HAVING count(*) > 0
+)
+SELECT f.id, f.fence FROM finished AS f
+LEFT JOIN (SELECT count(*) AS n FROM announced, settled) AS ran ON true""",
+)
 
 
 def cpu_ns(pid: int) -> int:
@@ -77,6 +92,7 @@ async def main(args: argparse.Namespace) -> None:
     await migrate(conn, SCHEMA)
     variants = {
         "before issue 11": render(ONE_STATEMENT, SCHEMA),
+        "one statement, settling": render(ONE_STATEMENT_SETTLING, SCHEMA),
         "now": for_schema(SCHEMA).sql("job_complete_many"),
     }
     pool = await asyncpg.create_pool(args.dsn, min_size=1, max_size=2)
@@ -91,10 +107,11 @@ async def main(args: argparse.Namespace) -> None:
         await conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
         await conn.close()
     for name, values in spent.items():
-        print(f"{name:16s} {statistics.median(values):.3f} ms backend CPU per {BATCH}-job call "
+        print(f"{name:24s} {statistics.median(values):.3f} ms backend CPU per {BATCH}-job call "
               f"(reps: {', '.join(f'{v:.2f}' for v in values)})")  # fmt: skip
-    ratios = [a / b for a, b in zip(spent["now"], spent["before issue 11"], strict=True)]
-    print(f"now / before issue 11: median {statistics.median(ratios):.2f}")
+    for baseline in ("before issue 11", "one statement, settling"):
+        ratios = [a / b for a, b in zip(spent["now"], spent[baseline], strict=True)]
+        print(f"now / {baseline}: median {statistics.median(ratios):.2f}")
 
 
 def parse_args() -> argparse.Namespace:
