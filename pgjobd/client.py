@@ -3,8 +3,9 @@
 Every enqueue is checked here first (cheap, no round trip), then written by the
 database: single jobs and batches with unique keys through the schema's SQL
 ``enqueue_many`` function (the same code path SQL callers use), plain batches by COPY
-into a session's staging table, inserted from there with the SQL functions' own
-defaults (``job_defaults``), which measured faster (bench/enqueue.py).
+straight into the job table, with the options the SQL functions' own defaults
+(``job_defaults``) give them, resolved in one round trip before: measured faster
+(bench/enqueue.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import contextlib
 import re
 import typing
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
@@ -47,7 +49,7 @@ from pgjobd.names import (
     text_problem,
 )
 from pgjobd.queries import Queries, for_schema
-from pgjobd.statements.job import EnqueueRow
+from pgjobd.statements.job import CopyRow, CopySet, EnqueueRow
 
 # The limits of what a job may hold, as the SQL functions and the job table check them
 # (migrations 0002 and 0005): what every member, role and admin command can read back.
@@ -65,12 +67,6 @@ T = TypeVar("T")
 # database.idle_in_transaction_session_timeout.
 DEFAULT_STATEMENT_TIMEOUT = "30s"
 DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT = "60s"
-# The session's staging table of the COPY path (job_stage_create).
-_STAGE = "pgjobd_enqueue_stage"
-_STAGE_COLUMNS = (
-    "ord", "kind", "args", "queue", "priority", "run_at", "delay", "tenant", "max_attempts",
-    "group_key", "expires_at", "ttl", "trace_context",
-)  # fmt: skip
 # Every job that ends is announced here (payload: comma-separated ids); see wait().
 _FINAL_CHANNEL = "{schema}.job_final"
 _json_encoder = msgspec.json.Encoder()
@@ -162,11 +158,10 @@ class JobInfo(msgspec.Struct, frozen=True):
     expires_at: datetime | None = None
 
 
-class _Checked(NamedTuple):
-    """A job that passed the client-side checks, ready for the database."""
+class _Options(NamedTuple):
+    """A job's options that passed the client-side checks (None: not given). The
+    (kind, args) items of one enqueue_many call share one."""
 
-    kind: str
-    args_json: str
     queue: str | None
     priority: int | None
     delay: timedelta | None
@@ -175,11 +170,11 @@ class _Checked(NamedTuple):
     unique_key: str | None
     max_attempts: int | None
     group: str | None
-    depends_on: list[int] | None = None
-    after: list[int] | None = None
-    ttl: timedelta | None = None
-    expires_at: datetime | None = None
-    unique_for: timedelta | None = None
+    depends_on: list[int] | None
+    after: list[int] | None
+    ttl: timedelta | None
+    expires_at: datetime | None
+    unique_for: timedelta | None
 
     @property
     def needs_function(self) -> bool:
@@ -188,6 +183,14 @@ class _Checked(NamedTuple):
             self.unique_key is not None or self.depends_on is not None
             or self.after is not None or self.unique_for is not None
         )  # fmt: skip
+
+
+class _Checked(NamedTuple):
+    """A job that passed the client-side checks, ready for the database."""
+
+    kind: str
+    args_json: str
+    options: _Options
 
 
 class Client:
@@ -365,17 +368,17 @@ class Client:
                        depends_on=depends_on, after=after, ttl=ttl, expires_at=expires_at,
                        unique_for=unique_for)  # fmt: skip
         job = self._check(spec, position=None, handler=handler)
-        _check_on_conflict(on_conflict, job)
+        o = job.options
+        _check_on_conflict(on_conflict, o)
         await self.check_schema()
-        with tracing.enqueue_span(job.kind, job.queue) as trace_context:
+        with tracing.enqueue_span(job.kind, o.queue) as trace_context:
             trace_json = _trace_json(trace_context)
             job_id: int = await self._run(
                 conn,
                 lambda c: self._q.job_enqueue(
-                    c, job.kind, job.args_json, job.queue, job.priority, job.run_at, job.tenant,
-                    job.unique_key, job.max_attempts, job.delay, on_conflict, job.group,
-                    job.depends_on, job.expires_at, job.ttl, job.unique_for, job.after,
-                    trace_json,
+                    c, job.kind, job.args_json, o.queue, o.priority, o.run_at, o.tenant,
+                    o.unique_key, o.max_attempts, o.delay, on_conflict, o.group,
+                    o.depends_on, o.expires_at, o.ttl, o.unique_for, o.after, trace_json,
                 ),
             )  # fmt: skip
         return job_id
@@ -420,29 +423,38 @@ class Client:
         # (kind, args) items take every option from the call: check those once.
         shared = _checked_options(JobSpec("", **defaults), _rejecter(None))
         _check_on_conflict(on_conflict)
-        checked = []
+        shared_refused = on_conflict == "replace" and shared.unique_key is None
+        needs_function = on_conflict != "return"
+        checked: list[_Checked] = []
+        valid_kinds: set[str] = set()
         for position, item in enumerate(jobs, start=1):
             if type(item) is tuple and len(item) == 2:
                 kind, args = item
-                handler = _handler_of(kind, args, position)
-                name = handler.kind if handler is not None else typing.cast(str, kind)
-                if problem := _kind_problem(name):
-                    raise EnqueueError(f"job {position}: {problem}")
+                handler = None if type(kind) is str else _handler_of(kind, args, position)
+                name = typing.cast(str, kind) if handler is None else handler.kind
+                if name not in valid_kinds:
+                    if problem := _kind_problem(name):
+                        raise EnqueueError(f"job {position}: {problem}")
+                    valid_kinds.add(name)
                 args_json = self._encode_args(name, {} if args is None else args, position,
                                               handler)  # fmt: skip
-                _check_on_conflict(on_conflict, shared, position)
-                checked.append(shared._replace(kind=name, args_json=args_json))
+                if shared_refused:
+                    _check_on_conflict(on_conflict, shared, position)
+                checked.append(_Checked(name, args_json, shared))
             else:
                 spec, handler = _as_spec(item, position)
                 spec = _with_defaults(spec, defaults)
                 job = self._check(spec, position, handler)
-                _check_on_conflict(on_conflict, job, position)
+                _check_on_conflict(on_conflict, job.options, position)
+                needs_function = needs_function or job.options.needs_function
                 checked.append(job)
         if not checked:
             return []
+        if shared.needs_function and any(job.options is shared for job in checked):
+            needs_function = True
         await self.check_schema()
         kinds = {job.kind for job in checked}
-        queues = {job.queue for job in checked}
+        queues = {job.options.queue for job in checked}
         with tracing.enqueue_span(
             kinds.pop() if len(kinds) == 1 else "(many)",
             queues.pop() if len(queues) == 1 else None,
@@ -450,7 +462,7 @@ class Client:
         ) as trace_context:
             # One context for the batch: every job was enqueued in the same span.
             trace_json = _trace_json(trace_context)
-            if on_conflict != "return" or any(job.needs_function for job in checked):
+            if needs_function:
                 return await self._insert_through_function(checked, on_conflict, conn, trace_json)
             return await self._copy(checked, conn, trace_json)
 
@@ -561,7 +573,7 @@ class Client:
         if problem := _kind_problem(spec.kind):
             raise reject(problem)
         args_json = self._encode_args(spec.kind, spec.args, position, handler)
-        return _checked_options(spec, reject)._replace(kind=spec.kind, args_json=args_json)
+        return _Checked(spec.kind, args_json, _checked_options(spec, reject))
 
     def _encode_args(
         self, kind: str, args: Any, position: int | None, handler: HandlerSpec | None = None
@@ -617,10 +629,10 @@ class Client:
         trace_json: str | None,
     ) -> list[int]:
         rows = [
-            EnqueueRow(j.kind, j.args_json, j.queue, j.priority, j.run_at, j.delay, j.tenant,
-                       j.unique_key, j.max_attempts, j.group, _id_list(j.depends_on),
-                       j.expires_at, j.ttl, j.unique_for, _id_list(j.after), trace_json)
-            for j in jobs
+            EnqueueRow(kind, args_json, o.queue, o.priority, o.run_at, o.delay, o.tenant,
+                       o.unique_key, o.max_attempts, o.group, _id_list(o.depends_on),
+                       o.expires_at, o.ttl, o.unique_for, _id_list(o.after), trace_json)
+            for kind, args_json, o in jobs
         ]  # fmt: skip
         return await self._run(conn, lambda c: self._q.job_enqueue_many(c, rows, on_conflict))
 
@@ -636,23 +648,48 @@ class Client:
     async def _copy_in_transaction(
         self, conn: asyncpg.Connection, jobs: Sequence[_Checked], trace_json: str | None
     ) -> list[int]:
-        """COPY the jobs into the session's staging table, then insert them from there
-        with the SQL functions' own defaults (job_defaults)."""
-        await self._q.job_stage_create(conn)
-        records = [
-            (ord_, j.kind, j.args_json, j.queue, j.priority, j.run_at, j.delay, j.tenant,
-             j.max_attempts, j.group, j.expires_at, j.ttl, trace_json)
-            for ord_, j in enumerate(jobs, start=1)
-        ]  # fmt: skip
-        await conn.copy_records_to_table(
-            _STAGE, schema_name="pg_temp", columns=_STAGE_COLUMNS, records=records
-        )
+        """COPY the jobs straight into the job table, with the options the SQL functions'
+        own defaults (job_defaults) give them: resolved for each distinct set of given
+        options in one round trip before (job_copy_prepare), which also admits the batch,
+        wakes the queues and draws the ids."""
+        sets: dict[tuple[Any, ...], int] = {}  # a set of options: its position
+        set_of: list[int] = []  # each job's
+        last_kind, last_options, index = None, None, -1
+        for kind, _, o in jobs:
+            if kind is not last_kind or o is not last_options:  # (the same objects, often)
+                last_kind, last_options = kind, o
+                key = (kind, o.queue, o.priority, o.run_at, o.delay, o.max_attempts, o.ttl,
+                       o.expires_at, o.tenant, o.group)  # fmt: skip
+                index = sets.setdefault(key, len(sets))
+            set_of.append(index)
+        counts = Counter(set_of)
+        given = [CopySet._make((*key[:8], counts[i], key[9] is not None))
+                 for key, i in sets.items()]  # fmt: skip
         try:
-            return await self._q.job_enqueue_staged(conn)
+            prepared = await self._q.job_copy_prepare(conn, given, len(jobs))
+            # Each set's columns after (id, kind, args), in CopyRow's order.
+            tails = [
+                (key[8], key[9], trace_json, *resolved)
+                for key, resolved in zip(sets, zip(prepared.states, prepared.queues,
+                                                   prepared.priorities, prepared.run_ats,
+                                                   prepared.max_attempts, prepared.expires_ats,
+                                                   strict=True), strict=True)
+            ]  # fmt: skip
+            records = [
+                (job_id, kind, args_json, *tails[i])
+                for job_id, (kind, args_json, _), i in zip(prepared.ids, jobs, set_of, strict=True)
+            ]  # fmt: skip
+            if prepared.row_security:
+                await self._q.job_copy_insert(conn, [CopyRow._make(r) for r in records])
+            else:
+                await conn.copy_records_to_table(
+                    "job", schema_name=self.schema, columns=CopyRow._fields, records=records
+                )
         except asyncpg.CheckViolationError as e:
             raise EnqueueError(f"the database rejected a job: {e}") from None
         except asyncpg.PostgresError as e:
             raise _translated(e) from None
+        return prepared.ids
 
     async def _run(
         self, conn: asyncpg.Connection | None, run: Callable[[asyncpg.Connection], Awaitable[T]]
@@ -766,13 +803,13 @@ def _translated(error: asyncpg.PostgresError) -> Exception:
 
 
 def _check_on_conflict(
-    on_conflict: str, job: _Checked | None = None, position: int | None = None
+    on_conflict: str, options: _Options | None = None, position: int | None = None
 ) -> None:
     if on_conflict not in ("return", "raise", "replace"):
         raise EnqueueError(
             f"on_conflict must be 'return', 'raise' or 'replace', not {on_conflict!r}"
         )
-    if on_conflict == "replace" and job is not None and job.unique_key is None:
+    if on_conflict == "replace" and options is not None and options.unique_key is None:
         raise _rejecter(position)("on_conflict 'replace' needs a unique_key")
 
 
@@ -855,8 +892,8 @@ def _with_defaults(spec: JobSpec, defaults: Mapping[str, Any]) -> JobSpec:
     return msgspec.structs.replace(spec, **changes) if changes else spec
 
 
-def _checked_options(spec: JobSpec, reject: Callable[[str], EnqueueError]) -> _Checked:
-    """The spec's options, checked; kind and args are left empty for the caller."""
+def _checked_options(spec: JobSpec, reject: Callable[[str], EnqueueError]) -> _Options:
+    """The spec's options, checked (not its kind and args)."""
     if spec.queue is not None and (problem := _queue_problem(spec.queue)):
         raise reject(problem)
     if spec.priority is not None and not (
@@ -923,9 +960,8 @@ def _checked_options(spec: JobSpec, reject: Callable[[str], EnqueueError]) -> _C
         if spec.unique_key is None:
             raise reject("unique_for needs a unique_key")
         unique_for = _positive_duration("unique_for", spec.unique_for, reject)
-    return _Checked("", "", spec.queue, spec.priority, delay, spec.run_at,
-                    spec.tenant, spec.unique_key, spec.max_attempts, spec.group, depends_on,
-                    after, ttl,
+    return _Options(spec.queue, spec.priority, delay, spec.run_at, spec.tenant,
+                    spec.unique_key, spec.max_attempts, spec.group, depends_on, after, ttl,
                     spec.expires_at, unique_for)  # fmt: skip
 
 

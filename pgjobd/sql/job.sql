@@ -23,72 +23,34 @@ FROM {{schema}}.enqueue_many($1, $2::text[]::jsonb[], $3, $4, $5, $6, $7, $8, $9
                              $10, $11, $12, $13, $14, $15, $16::text[]::jsonb[]) AS e
 ORDER BY e.ord;
 
--- name: job_stage_create
--- The session's staging table for the client's COPY path (a temp table: each session
--- has its own, and nothing of it is logged). Emptied by job_enqueue_staged, which reads
--- it, and physically at every commit.
-CREATE TEMP TABLE IF NOT EXISTS pgjobd_enqueue_stage (
-    ord          integer NOT NULL,
-    kind         text,
-    args         text,
-    queue        text,
-    priority     integer,
-    run_at       timestamptz,
-    delay        interval,
-    tenant       text,
-    max_attempts integer,
-    group_key    text,
-    expires_at   timestamptz,
-    ttl          interval,
-    trace_context text
-) ON COMMIT DELETE ROWS;
+-- name: job_copy_prepare
+-- What the client's COPY of a batch straight into the job table needs, in one round
+-- trip before it, in the same transaction (so this now() is the rows' now()): each
+-- distinct set of given options resolved by job_defaults, the batch admitted, its
+-- queues woken at commit, its ids drawn in order, and whether row security refuses the
+-- session COPY FROM (then job_copy_insert). See the function job_copy_prepare.
+-- $1 kinds, $2 queues, $3 priorities, $4 run_ats, $5 delays, $6 max_attempts, $7 ttls,
+-- $8 expires_ats (one element per set; NULL: not given), $9 jobs per set, $10 whether
+-- any of them has a group, $11 job count
+SELECT * FROM {{schema}}.job_copy_prepare($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
 
--- name: job_enqueue_staged
--- The jobs COPYed into the staging table, inserted with job_defaults
--- (the defaults of enqueue and enqueue_many), ids drawn in that order, after
--- queue_admit admitted them (max_depth, grouped queues) when needed; wakes the
--- queues of jobs due now. Empties the staging table. Returns the ids in `ord` order.
--- The client has checked every job as enqueue_many would; the table's checks and
--- domains still apply.
--- (no parameters)
-WITH staged AS (
-    DELETE FROM pg_temp.pgjobd_enqueue_stage RETURNING *
-), resolved AS (
-    SELECT o.*, nextval('{{schema}}.job_id_seq') AS id  -- drawn in input order
-    FROM (
-        SELECT s.ord, s.kind, s.args, s.tenant, s.group_key,
-               coalesce(s.expires_at, now() + s.ttl) AS expires_at, s.trace_context, d.*
-        FROM staged AS s
-        LEFT JOIN {{schema}}.kind AS k ON k.name = s.kind
-        CROSS JOIN LATERAL {{schema}}.job_defaults(
-            k.queue, k.priority, k.max_attempts, s.queue, s.priority, s.run_at, s.delay,
-            s.max_attempts) AS d
-        ORDER BY s.ord
-    ) AS o
-), admitted AS (
-    SELECT {{schema}}.queue_admit(a.queues, a.counts, a.grouped)
-    FROM (SELECT array_agg(g.queue) AS queues, array_agg(g.n) AS counts,
-                 array_agg(g.grouped) AS grouped, bool_or(g.grouped) AS any_grouped
-          FROM (SELECT r.queue, count(*)::integer AS n,
-                       bool_or(r.group_key IS NOT NULL) AS grouped
-                FROM resolved AS r GROUP BY r.queue) AS g) AS a
-    WHERE {{schema}}.queue_admit_needed(a.any_grouped)
-), inserted AS (
-    -- No RETURNING: the producer role may insert into job but not read it. After
-    -- admitted (read here so that it runs first): a refusal writes nothing.
-    INSERT INTO {{schema}}.job (id, state, queue, kind, priority, run_at, args, max_attempts,
-                                tenant, group_key, expires_at, trace_context)
-    SELECT r.id, r.state, r.queue, r.kind, r.priority, r.run_at, r.args::jsonb,
-           r.max_attempts, r.tenant, r.group_key, r.expires_at, r.trace_context::jsonb
-    FROM resolved AS r
-    WHERE (SELECT count(*) FROM admitted) >= 0
-), woken AS (
-    SELECT pg_notify('{{schema}}.job_ready', q.queue)
-    FROM (SELECT DISTINCT r.queue FROM resolved AS r WHERE r.state = 'available') AS q
-)
-SELECT r.id FROM resolved AS r
-WHERE (SELECT count(*) FROM woken) >= 0  -- (read, so that it runs)
-ORDER BY r.ord;
+-- name: job_copy_insert
+-- The rows of the client's COPY path, resolved by job_copy_prepare, inserted by a
+-- statement instead: for a session that row security applies to (a tenant's producer
+-- under `migrate --rls`), which COPY FROM refuses. Its policy checks each row.
+-- $1 ids, $2 kinds, $3 args (JSON texts), $4 tenants, $5 group_keys, $6 trace_contexts
+-- (JSON texts), $7 states, $8 queues, $9 priorities, $10 run_ats, $11 max_attempts,
+-- $12 expires_ats
+INSERT INTO {{schema}}.job (id, kind, args, tenant, group_key, trace_context, state, queue,
+                            priority, run_at, max_attempts, expires_at)
+SELECT u.id, u.kind, u.args::jsonb, u.tenant, u.group_key, u.trace_context::jsonb,
+       u.state::{{schema}}.job_state, u.queue, u.priority, u.run_at, u.max_attempts,
+       u.expires_at
+FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+            $7::text[], $8::text[], $9::smallint[], $10::timestamptz[], $11::integer[],
+            $12::timestamptz[])
+     AS u(id, kind, args, tenant, group_key, trace_context, state, queue, priority, run_at,
+          max_attempts, expires_at);
 
 -- name: job_get
 -- A job by id: live from the hot table, else its final record.

@@ -111,8 +111,13 @@ GRANT EXECUTE ON FUNCTION
 -- The console's dead-job groups (migration 0009), read with the reader's rights.
 GRANT EXECUTE ON FUNCTION {{schema}}.dead_group_key(text, text)
     TO {{schema}}_readonly, {{schema}}_admin;
--- Read into the COPY path's statement (job_enqueue_staged), with the caller's rights.
-GRANT EXECUTE ON FUNCTION {{schema}}.queue_admit_needed(boolean)
+-- The COPY path's round trip before its COPY, and what it calls, with the caller's
+-- rights.
+GRANT EXECUTE ON FUNCTION
+    {{schema}}.job_copy_prepare(text[], text[], integer[], timestamptz[], interval[],
+                                integer[], interval[], timestamptz[], integer[], boolean[],
+                                integer),
+    {{schema}}.queue_admit_needed(boolean)
     TO {{schema}}_producer, {{schema}}_admin, {{schema}}_worker;
 -- (Trigger functions need no EXECUTE: a trigger fires whoever writes.)
 

@@ -33,6 +33,52 @@ class EnqueueRow(NamedTuple):
     trace_context: str | None = None  # JSON text (pgjobd.tracing)
 
 
+class CopySet(NamedTuple):
+    """One distinct set of given options in a batch for job_copy_prepare (None: not
+    given), with how many of the batch's jobs have it."""
+
+    kind: str
+    queue: str | None
+    priority: int | None
+    run_at: datetime | None
+    delay: timedelta | None
+    max_attempts: int | None
+    ttl: timedelta | None
+    expires_at: datetime | None
+    jobs: int
+    grouped: bool  # whether any of those jobs has a group
+
+
+class CopyPrepared(NamedTuple):
+    """job_copy_prepare's answer: each set's resolved options (by position), the ids."""
+
+    states: list[str]
+    queues: list[str]
+    priorities: list[int]
+    run_ats: list[datetime]
+    max_attempts: list[int]
+    expires_ats: list[datetime | None]
+    ids: list[int]
+    row_security: bool  # COPY FROM is refused: insert with job_copy_insert
+
+
+class CopyRow(NamedTuple):
+    """One row of the COPY path, as COPYed into the job table (its column names)."""
+
+    id: int
+    kind: str
+    args: str  # JSON text
+    tenant: str | None
+    group_key: str | None
+    trace_context: str | None  # JSON text
+    state: str
+    queue: str
+    priority: int
+    run_at: datetime
+    max_attempts: int
+    expires_at: datetime | None
+
+
 class JobRow(NamedTuple):
     """A job as job_get reads it, live or final."""
 
@@ -212,13 +258,18 @@ class JobStatements(Rendered):
         )
         return [row[0] for row in rows]
 
-    @statement("job_stage_create")
-    async def job_stage_create(self, conn: Conn) -> None:
-        await conn.execute(self.sql("job_stage_create"))
+    @statement("job_copy_prepare")
+    async def job_copy_prepare(
+        self, conn: Conn, sets: Sequence[CopySet], job_count: int
+    ) -> CopyPrepared:
+        record = await conn.fetchrow(
+            self.sql("job_copy_prepare"), *columns(sets, len(CopySet._fields)), job_count
+        )
+        return one_row("job_copy_prepare", CopyPrepared, record)
 
-    @statement("job_enqueue_staged")
-    async def job_enqueue_staged(self, conn: Conn) -> list[int]:
-        return [row[0] for row in await conn.fetch(self.sql("job_enqueue_staged"))]
+    @statement("job_copy_insert")
+    async def job_copy_insert(self, conn: Conn, rows: Sequence[CopyRow]) -> None:
+        await conn.execute(self.sql("job_copy_insert"), *columns(rows, len(CopyRow._fields)))
 
     @statement("job_get")
     async def job_get(self, conn: Conn, job_id: int) -> JobRow | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import anyio
 import asyncpg
@@ -402,10 +403,88 @@ async def test_every_enqueue_path_applies_the_same_defaults(
 async def test_two_copy_batches_in_one_caller_transaction(
     client: Client, conn: asyncpg.Connection, schema: str
 ) -> None:
-    """The staging table is emptied by each batch, not only at commit."""
+    """Each batch gets its own jobs and ids, not only at commit."""
     async with conn.transaction():
         first = await client.enqueue_many([("k", {"n": 1}), ("k", {"n": 2})], conn=conn)
         second = await client.enqueue_many([("k", {"n": 3})], conn=conn)
     assert len(first) == 2 and len(second) == 1
     rows = [await _row(conn, schema, i) for i in (*first, *second)]
     assert [r["args"] for r in rows] == ['{"n": 1}', '{"n": 2}', '{"n": 3}']
+
+
+_SHAPE = (
+    "SELECT kind, args, queue, priority, max_attempts, state::text, tenant, group_key, "
+    "CASE WHEN run_at > enqueued_at + interval '1 day' OR run_at < enqueued_at "
+    "THEN run_at::text ELSE (run_at - enqueued_at)::text END AS due, "
+    "CASE WHEN expires_at > enqueued_at + interval '1 day' THEN expires_at::text "
+    "ELSE (expires_at - enqueued_at)::text END AS expires "
+    "FROM {schema}.job WHERE id = ANY($1::bigint[]) ORDER BY array_position($1, id)"
+)
+_NOW = datetime.now(UTC)
+_item_options = st.fixed_dictionaries(
+    {},
+    optional={
+        "queue": st.sampled_from(["q1", "q2"]),
+        "priority": st.integers(-2, 2),
+        "max_attempts": st.integers(1, 3),
+        "tenant": st.sampled_from(["t1", "t2"]),
+        "group": st.sampled_from(["g1", "g2"]),
+        "delay": st.just(timedelta(hours=1)),
+        "ttl": st.just(timedelta(hours=2)),
+        "expires_at": st.just(_NOW + timedelta(days=3)),
+    },
+).filter(lambda o: not ("ttl" in o and "expires_at" in o))
+_batch_item = st.tuples(st.sampled_from(["a", "b"]), st.none() | _item_options)
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    items=st.lists(_batch_item, min_size=1, max_size=8),
+    shared=st.fixed_dictionaries({}, optional={"queue": st.just("shared"), "priority": st.just(5)}),
+    run_at=st.sampled_from([None, _NOW - timedelta(days=2), _NOW + timedelta(days=2)]),
+)
+async def test_a_copy_batch_of_many_option_sets_matches_the_function_path(
+    client: Client,
+    conn: asyncpg.Connection,
+    schema: str,
+    items: list[tuple[str, dict[str, Any] | None]],
+    shared: dict[str, Any],
+    run_at: datetime | None,
+) -> None:
+    """The COPY path resolves each distinct set of options once (job_copy_prepare) and
+    gives every job in the batch, in input order, what the SQL function gives it."""
+    await conn.execute(
+        f"INSERT INTO {schema}.kind (name, queue, priority, max_attempts) "
+        "VALUES ('a', 'declared', 7, 9) ON CONFLICT DO NOTHING"
+    )
+    keys = await conn.fetchval(f"SELECT count(*) FROM {schema}.job")
+    by_copy: list[JobSpec | tuple[str, Any]] = []
+    by_function: list[JobSpec] = []
+    for n, (kind, own) in enumerate(items):
+        by_copy.append((kind, {"n": n}) if own is None else JobSpec(kind, {"n": n}, **own))
+        key = f"u{keys}-{n}"  # through the function, and the same defaults
+        by_function.append(JobSpec(kind, {"n": n}, unique_key=key, **(own or {})))
+    copied = await client.enqueue_many(by_copy, run_at=run_at, **shared)
+    through_function = await client.enqueue_many(by_function, run_at=run_at, **shared)
+    assert copied == sorted(copied)
+    shape = _SHAPE.format(schema=schema)
+    assert [tuple(r) for r in await conn.fetch(shape, copied)] == [
+        tuple(r) for r in await conn.fetch(shape, through_function)
+    ]
+
+
+async def test_the_copy_path_leaves_no_session_state_behind(
+    client: Client, conn: asyncpg.Connection, schema: str
+) -> None:
+    """COPY goes straight into the job table: no temporary table in the session (which a
+    transaction pooler would hand to other clients' transactions), no TEMPORARY privilege
+    needed."""
+    async with client.pool.acquire() as own:
+        ids = await client.enqueue_many([("k", {"n": n}) for n in range(3)], conn=own)
+        temporary = await own.fetchval(
+            "SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema()"
+        )
+    assert len(ids) == 3
+    assert temporary == 0

@@ -1,5 +1,5 @@
 """pgjobd through a stock PgBouncer in transaction mode (issue 18): what it sends at
-startup is accepted, the client's COPY path keeps its staging table inside one
+startup is accepted, the client's COPY path keeps everything it needs inside one
 transaction, statements stay bounded, and the CLI works on a pooled config."""
 
 from __future__ import annotations
@@ -56,13 +56,13 @@ async def test_a_stock_pgbouncer_refuses_the_direct_settings_and_takes_the_poole
         await session.close()
 
 
-async def test_copy_batches_through_a_transaction_pooler_share_no_staged_rows(
+async def test_copy_batches_through_a_transaction_pooler_keep_their_own_jobs(
     stock_pgbouncer: PgBouncer, schema: str, conn: asyncpg.Connection
 ) -> None:
     """More client connections than PgBouncer's default pool of 20 server connections:
-    COPY batches of different clients run on the same server connection, whose temp
-    staging table outlives each transaction. Each batch gets its own jobs, in order,
-    with the SQL functions' defaults."""
+    COPY batches of different clients run on the same server connection (the COPY path
+    once staged rows in a temporary table there, which outlived each transaction). Each
+    batch gets its own jobs, in order, with the SQL functions' defaults."""
     await conn.execute(
         f"INSERT INTO {schema}.kind (name, queue, priority, max_attempts) "
         "VALUES ('mail', 'outbox', 3, 4)"

@@ -81,6 +81,8 @@ ROLE_MATRIX |= {
     "function job_trace_context_ok(jsonb)": _ENQUEUERS,
     "function queue_admit(text[],integer[],boolean[])": _ENQUEUERS,
     "function queue_admit_needed(boolean)": _ENQUEUERS,
+    "function job_copy_prepare(text[],text[],integer[],timestamp with time zone[],interval[],"
+    "integer[],interval[],timestamp with time zone[],integer[],boolean[],integer)": _ENQUEUERS,
     "function job_claim_flow(text,integer,text,interval)": _LEADER,
     "function job_group_heads(text,text,text,integer,text[],integer)": _LEADER,
     "function flow_lock(text)": _LEADER,

@@ -112,7 +112,6 @@ def test_every_statement_has_one_method_and_every_method_a_statement() -> None:
 
 async def test_statements_match_their_methods(conn: asyncpg.Connection, schema: str) -> None:
     q = for_schema(schema)
-    await q.job_stage_create(conn)  # job_enqueue_staged reads the session's stage table
     problems: list[str] = []
     for name, method in sorted(methods().items()):
         prepared = await conn.prepare(q.sql(name))

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pgjobd import Client, admin, migrate
+from pgjobd import Client, JobSpec, admin, migrate
 from pgjobd.errors import EnqueueError
 from tests.logins import create_logins, drop_roles, login_dsn
 
@@ -178,6 +178,36 @@ async def test_a_tenants_session_enqueues_only_for_its_tenant(
         assert tenants_seen == {None}
     finally:
         await producer.close()
+
+
+async def test_a_tenants_batch_under_row_security_is_inserted_without_copy(
+    dsn: str, conn: asyncpg.Connection, schema: str, tenants: dict[str, object]
+) -> None:
+    """PostgreSQL refuses COPY FROM where row security applies: a tenant producer's
+    plain batch goes in by one statement instead, with the same defaults and order."""
+    logins: dict[str, str] = tenants["logins"]  # type: ignore[assignment]
+    await conn.execute(
+        f"INSERT INTO {schema}.kind (name, queue, priority, max_attempts) "
+        "VALUES ('declared', 'outbox', 3, 4)"
+    )
+    async with await Client.connect(
+        login_dsn(dsn, logins["producer"]), schema=schema, tenant="acme"
+    ) as client:
+        ids = await client.enqueue_many(
+            [("declared", {"n": 1}), JobSpec("k", {"n": 2}, delay="1h", group="g"),
+             ("declared", {"n": 3})]
+        )  # fmt: skip
+    rows = await conn.fetch(
+        f"SELECT id, tenant, queue, priority, max_attempts, state::text, group_key "
+        f"FROM {schema}.job WHERE id = ANY($1::bigint[]) ORDER BY id",
+        ids,
+    )
+    assert [r["id"] for r in rows] == ids == sorted(ids)
+    assert [tuple(r)[1:] for r in rows] == [
+        ("acme", "outbox", 3, 4, "available", None),
+        ("acme", "default", 0, 20, "scheduled", "g"),
+        ("acme", "outbox", 3, 4, "available", None),
+    ]
 
 
 async def test_rls_is_renewed_by_later_migrates_and_leaves_the_schema_check_clean(
