@@ -39,6 +39,16 @@ class QueueStatRow(NamedTuple):
     blocked: int = 0
 
 
+class QueueTenantStatRow(NamedTuple):
+    queue: str
+    tenant: str | None  # None: the tenants past the ones shown, summed
+    available: int
+    scheduled: int
+    running: int
+    retryable: int
+    blocked: int
+
+
 class ExpiredRow(NamedTuple):
     queue: str
     kind: str
@@ -128,6 +138,10 @@ class LeaderStatements(Rendered):
     @statement("queue_stats")
     async def queue_stats(self, conn: Conn, queues: Sequence[str]) -> list[QueueStatRow]:
         return rows_of(QueueStatRow, await conn.fetch(self.sql("queue_stats"), queues))
+
+    @statement("queue_tenant_stats")
+    async def queue_tenant_stats(self, conn: Conn, shown: int) -> list[QueueTenantStatRow]:
+        return rows_of(QueueTenantStatRow, await conn.fetch(self.sql("queue_tenant_stats"), shown))
 
     @statement("queue_sample_record")
     async def queue_sample_record(
