@@ -17,7 +17,13 @@
 --    Idle time is not banked: fair_vtime is now the lowest pass of the tenants that
 --    still have available jobs after the claim (or, if none has, the highest pass of
 --    those that waited: start-time fair queuing's virtual time at the end of a busy
---    period). Only the fair_vtime computation changed in job_claim_flow.
+--    period).
+-- 3. Cost: job_claim_flow fetched each tenant's jobs with a statement of its own (up to
+--    the room's number a claim, each planned anew); one statement per round now fetches
+--    them all (LATERAL), and a tenant sits out the next rounds when it had fewer jobs
+--    than its room (a job of a kind that filled up meanwhile is fetched again next round).
+-- In job_claim_flow only the fair-share part changed: the allocation and fetch loop and
+-- the fair_vtime computation (and the variables they use).
 
 CREATE OR REPLACE FUNCTION {{schema}}.fair_tenant_fill(claim_queue text)
 RETURNS void
@@ -121,10 +127,14 @@ DECLARE
     w_exhausted  boolean[];
     more         text[];
     next_cursor  text;
-    a            record;
     got          integer;
     round        integer;
     vtime        float8;
+    -- A round's allocation: tenant, its room, its jobs fetched and taken.
+    a_t          text[];
+    a_n          integer[];
+    a_seen       integer[];
+    a_took       integer[];
 BEGIN
     IF wanted < 1 THEN
         RETURN;
@@ -261,7 +271,11 @@ BEGIN
             got := taken;
             -- Only the (room - taken) lowest passes can win a start: each of them has a
             -- first start that comes before any start of a tenant behind them.
-            FOR a IN
+            -- (One statement per round: the room per tenant, then every tenant's jobs.)
+            SELECT coalesce(array_agg(x.t ORDER BY x.t), '{}'),
+                   coalesce(array_agg(x.n ORDER BY x.t), '{}')
+            INTO a_t, a_n
+            FROM (
                 WITH candidate AS (
                     SELECT w.t, w.pass + coalesce((t_started ->> w.t)::integer, 0)
                                          ::float8 / w.weight AS pass,
@@ -280,14 +294,17 @@ BEGIN
                     SELECT l.t, l.pass + (s.n - 1)::float8 / l.weight AS at
                     FROM lowest AS l CROSS JOIN LATERAL generate_series(1, l.most) AS s(n)
                 )
-                SELECT x.t, count(*)::integer AS n
-                FROM (SELECT s.t FROM slot AS s ORDER BY s.at, s.t LIMIT room - taken) AS x
-                GROUP BY x.t
-                ORDER BY x.t
-            LOOP
-                pos := array_position(waiting, a.t);
-                free := 0;
-                FOR c IN
+                SELECT y.t, count(*)::integer AS n
+                FROM (SELECT s.t FROM slot AS s ORDER BY s.at, s.t LIMIT room - taken) AS y
+                GROUP BY y.t
+            ) AS x;
+            a_seen := array_fill(0, ARRAY[cardinality(a_t)]);
+            a_took := a_seen;
+            -- Each tenant's jobs in claim order, tenant after tenant (a nested loop).
+            FOR c IN
+                SELECT a.ord, f.id, f.kind
+                FROM unnest(a_t, a_n) WITH ORDINALITY AS a(t, n, ord)
+                CROSS JOIN LATERAL (
                     SELECT j.id, j.kind FROM {{schema}}.job AS j
                     WHERE j.queue = claim_queue AND j.fair_tenant = a.t
                       AND j.state = 'available' AND j.kind <> ALL(skip_kinds)
@@ -296,30 +313,39 @@ BEGIN
                     ORDER BY j.priority, j.run_at, j.id
                     LIMIT a.n
                     FOR UPDATE SKIP LOCKED
-                LOOP
-                    IF c.kind = ANY(skip_kinds) THEN
+                ) AS f
+            LOOP
+                a_seen[c.ord] := a_seen[c.ord] + 1;
+                IF c.kind = ANY(skip_kinds) THEN
+                    CONTINUE;
+                END IF;
+                pos := array_position(lk, c.kind);
+                IF pos IS NOT NULL THEN
+                    IF lk_room[pos] <= lk_taken[pos] THEN
+                        skip_kinds := skip_kinds || c.kind;
                         CONTINUE;
                     END IF;
-                    IF array_position(lk, c.kind) IS NOT NULL THEN
-                        IF lk_room[array_position(lk, c.kind)]
-                           <= lk_taken[array_position(lk, c.kind)] THEN
-                            skip_kinds := skip_kinds || c.kind;
-                            CONTINUE;
-                        END IF;
-                        lk_taken[array_position(lk, c.kind)] :=
-                            lk_taken[array_position(lk, c.kind)] + 1;
-                    END IF;
-                    picked := picked || c.id;
-                    t_used := jsonb_set(t_used, ARRAY[a.t],
-                                        to_jsonb(coalesce((t_used ->> a.t)::integer, 0) + 1));
-                    t_started := jsonb_set(t_started, ARRAY[a.t],
-                                           to_jsonb(coalesce((t_started ->> a.t)::integer, 0)
-                                                    + 1));
-                    taken := taken + 1;
-                    free := free + 1;
-                END LOOP;
-                IF free < a.n THEN
-                    w_exhausted[pos] := true;
+                    lk_taken[pos] := lk_taken[pos] + 1;
+                END IF;
+                picked := picked || c.id;
+                a_took[c.ord] := a_took[c.ord] + 1;
+                taken := taken + 1;
+            END LOOP;
+            FOR pos IN 1..cardinality(a_t) LOOP
+                IF a_took[pos] > 0 THEN
+                    t_name := a_t[pos];
+                    t_used := jsonb_set(t_used, ARRAY[t_name],
+                                        to_jsonb(coalesce((t_used ->> t_name)::integer, 0)
+                                                 + a_took[pos]));
+                    t_started := jsonb_set(t_started, ARRAY[t_name],
+                                           to_jsonb(coalesce((t_started ->> t_name)::integer, 0)
+                                                    + a_took[pos]));
+                END IF;
+                -- Fewer jobs than its room (none left, or locked): its share goes to the
+                -- others. (Jobs of a kind that filled up meanwhile are fetched again
+                -- next round, without that kind.)
+                IF a_seen[pos] < a_n[pos] THEN
+                    w_exhausted[array_position(waiting, a_t[pos])] := true;
                 END IF;
             END LOOP;
             EXIT WHEN taken = got;
