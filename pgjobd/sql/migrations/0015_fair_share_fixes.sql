@@ -22,6 +22,7 @@
 --    the room's number a claim, each planned anew); one statement per round now fetches
 --    them all (LATERAL), and a tenant sits out the next rounds when it had fewer jobs
 --    than its room (a job of a kind that filled up meanwhile is fetched again next round).
+--    The allocation generates only the slots that can win (not room x room of them).
 -- In job_claim_flow only the fair-share part changed: the allocation and fetch loop and
 -- the fair_vtime computation (and the variables they use).
 
@@ -290,9 +291,18 @@ BEGIN
                 ), lowest AS (
                     SELECT * FROM candidate WHERE most > 0
                     ORDER BY pass, t LIMIT room - taken
+                ), bounded AS (
+                    -- With room - taken tenants here, that many first slots come at or
+                    -- before the highest pass among them: no later slot can win.
+                    SELECT l.t, l.pass, l.weight,
+                           CASE WHEN count(*) OVER () < room - taken THEN l.most
+                                ELSE least(l.most, 1 + floor((max(l.pass) OVER () - l.pass)
+                                                             * l.weight + 1e-9)::integer)
+                           END AS most
+                    FROM lowest AS l
                 ), slot AS (
                     SELECT l.t, l.pass + (s.n - 1)::float8 / l.weight AS at
-                    FROM lowest AS l CROSS JOIN LATERAL generate_series(1, l.most) AS s(n)
+                    FROM bounded AS l CROSS JOIN LATERAL generate_series(1, l.most) AS s(n)
                 )
                 SELECT y.t, count(*)::integer AS n
                 FROM (SELECT s.t FROM slot AS s ORDER BY s.at, s.t LIMIT room - taken) AS y
