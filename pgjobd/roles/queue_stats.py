@@ -23,7 +23,11 @@ class QueueStats:
     async def tick(self, ctx: RoleContext) -> None:
         async with db.acquire(ctx.pool) as conn:
             rows = await ctx.queries.queue_stats(conn, list(ctx.config.queues))
-            tenant_rows = await ctx.queries.queue_tenant_stats(conn, metrics.TENANTS_SHOWN)
+            tenant_rows = (
+                await ctx.queries.queue_tenant_stats(conn, metrics.TENANTS_SHOWN)
+                if any(row.by_tenant for row in rows)
+                else []
+            )
         # Queues with fair or tenant_concurrency, broken down by tenant (docs/metrics.md).
         by_tenant: dict[str, dict[str | None, dict[str, int]]] = {}
         for t in tenant_rows:

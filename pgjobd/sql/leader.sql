@@ -197,8 +197,10 @@ HAVING count(*) > 0;
 
 -- name: queue_stats
 -- For the leader's metrics: per queue, live jobs by state, the oldest available job's
--- age (s; NULL when none is available) and whether it is paused. Lists the queues with
--- live jobs, the paused ones and those named in $1 (the leader's configured queues).
+-- age (s; NULL when none is available), whether it is paused and whether its depth is
+-- broken down by tenant (fair or tenant_concurrency: queue_tenant_stats). Lists the
+-- queues with live jobs, the paused ones and those named in $1 (the leader's configured
+-- queues).
 -- Read-only, so unfenced.
 -- $1 queue names
 WITH live AS (
@@ -216,7 +218,8 @@ SELECT n.queue,
        greatest(0, extract(epoch FROM now() - l.oldest_available_at))::float8
            AS oldest_available_age_s,
        coalesce(q.paused, false) AS paused,
-       coalesce(l.blocked, 0) AS blocked
+       coalesce(l.blocked, 0) AS blocked,
+       coalesce(q.fair OR q.tenant_concurrency IS NOT NULL, false) AS by_tenant
 FROM named AS n
 LEFT JOIN live AS l USING (queue)
 LEFT JOIN {{schema}}.queue AS q ON q.name = n.queue

@@ -37,6 +37,7 @@ class QueueStatRow(NamedTuple):
     oldest_available_age_s: float | None
     paused: bool
     blocked: int = 0
+    by_tenant: bool = False  # fair or tenant_concurrency: see queue_tenant_stats
 
 
 class QueueTenantStatRow(NamedTuple):
