@@ -12,8 +12,9 @@ Two parts, each in its own fresh schema (``bench_flow``, dropped at the end):
                  a kind with global_concurrency 150 (half the jobs are of it), and half
                  of the jobs in 500 groups
     tenants      ``job_claim_flow`` with global_concurrency = 150, jobs of 100 tenants
-    fair         as tenants, with fair = true (the claim marks the jobs, then shares
-                 by stride scheduling: migration 0014)
+    fair         as tenants, with fair = true, made fair by the member's write after the
+                 enqueue (which marks the jobs), then shared by stride scheduling
+                 (migrations 0014, 0015)
   Printed: jobs/s, and the claim statement's p50/p99 (client-timed).
 - drain: real ``pgjobd run`` members drain N no-op jobs; 2 members with
   ``global_concurrency = 50`` (concurrency 50 each) against 2 members with
@@ -41,6 +42,8 @@ from pathlib import Path
 
 import asyncpg
 
+from pgjobd.config import QueueConfig
+from pgjobd.member.generations import write_queue_limits
 from pgjobd.migrate import migrate
 from pgjobd.queries import Queries, for_schema
 
@@ -81,11 +84,9 @@ async def setup_claim(conn: asyncpg.Connection, mode: str, n: int) -> None:
             f"INSERT INTO {SCHEMA}.kind (name, queue, global_concurrency) "
             "VALUES ('capped', 'bench', 150)"
         )
-    if mode in ("tenants", "fair"):
+    if mode == "tenants":
         await conn.execute(
-            f"INSERT INTO {SCHEMA}.queue (name, global_concurrency, fair) "
-            "VALUES ('bench', 150, $1)",
-            mode == "fair",
+            f"INSERT INTO {SCHEMA}.queue (name, global_concurrency) VALUES ('bench', 150)"
         )
     grouped = mode == "every_limit"
     await conn.execute(
@@ -101,6 +102,12 @@ async def setup_claim(conn: asyncpg.Connection, mode: str, n: int) -> None:
     )
     if grouped:
         await conn.execute(f"UPDATE {SCHEMA}.queue SET grouped = true WHERE name = 'bench'")
+    if mode == "fair":
+        # As a member makes a queue fair (its write marks the live jobs with their
+        # tenant): a queue row written by hand has no fair_scanned, and its claims
+        # would mark only the newest 2,100 ids, running the rest unmarked.
+        config = QueueConfig(global_concurrency=150, fair=True)
+        await write_queue_limits(conn, for_schema(SCHEMA), {"bench": config}, "bench")
     await conn.execute(f"ANALYZE {SCHEMA}.job")
 
 

@@ -173,12 +173,49 @@ LEASES_EXPIRED = Counter(
 
 # -- fleet-wide, from the leader --------------------------------------------------------
 
-QUEUE_JOBS = Gauge(
-    "pgjobd_queue_jobs",
-    "Live jobs per queue and state (available, scheduled, running, retryable, blocked); "
-    "leader only.",
-    ["queue", "state"], registry=REGISTRY,
-)  # fmt: skip
+
+class QueueJobsCollector(Collector):
+    """`pgjobd_queue_jobs`: live jobs per queue and state, and for a queue with `fair` or
+    `tenant_concurrency` per queue, state and tenant instead (one family, two label
+    sets: a sum by queue and state is the queue's total either way). Set by the
+    leader's queue_stats role; a follower exports none."""
+
+    def __init__(self) -> None:
+        self._values: dict[tuple[tuple[str, str], ...], float] = {}
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # unchecked, like MemberCollector
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "pgjobd_queue_jobs",
+            "Live jobs per queue and state (available, scheduled, running, retryable, "
+            "blocked), per tenant too in queues with fair or tenant_concurrency (the "
+            f"{TENANTS_SHOWN} tenants with most live jobs, the rest as tenant "
+            f'"{OTHER_TENANTS}"); leader only.',
+        )
+        for labels, value in self._values.items():
+            family.add_sample("pgjobd_queue_jobs", dict(labels), value)
+        yield family
+
+    def set(self, value: float, queue: str, state: str, tenant: str | None = None) -> None:
+        labels = [("queue", queue), ("state", state)]
+        if tenant is not None:
+            labels.append(("tenant", tenant))
+        key = tuple(labels)
+        self._values[key] = self._values.get(key, 0.0) + value
+
+    def clear(self) -> None:
+        self._values = {}
+
+
+# Per queue broken down by tenant: the tenants with most live jobs shown by name (jobs
+# without a tenant as ""), the others summed as OTHER_TENANTS (a real tenant of that
+# name is summed with them). At most queues x (TENANTS_SHOWN + 1) x 5 series.
+TENANTS_SHOWN = 20
+OTHER_TENANTS = "*"
+QUEUE_JOBS = QueueJobsCollector()
+REGISTRY.register(QUEUE_JOBS)
 QUEUE_OLDEST_AGE = Gauge(
     "pgjobd_queue_oldest_available_age_seconds",
     "Age of the oldest available job per queue (0 when none waits); leader only.",
@@ -223,7 +260,7 @@ KIND_BREAKER_OPENED = Counter(
     "included); leader only.",
     ["kind"], registry=REGISTRY,
 )  # fmt: skip
-_FLEET_GAUGES: tuple[Gauge, ...] = (
+_FLEET_GAUGES: tuple[Gauge | QueueJobsCollector, ...] = (
     QUEUE_JOBS, QUEUE_OLDEST_AGE, QUEUE_PAUSED, JOB_TABLE_ROWS, JOB_TABLE_DEAD_RATIO,
     XMIN_HORIZON_AGE, XMIN_HORIZON_XIDS, WRAPAROUND_AGE, KIND_BREAKER_STATE,
 )  # fmt: skip
@@ -303,6 +340,8 @@ class QueueStat:
     counts: dict[str, int]  # by state
     oldest_available_age_s: float | None
     paused: bool
+    # A queue broken down by tenant: tenant (None: the others) -> counts by state.
+    by_tenant: dict[str | None, dict[str, int]] | None = None
 
 
 def set_queue_stats(stats: Iterable[QueueStat]) -> None:
@@ -312,7 +351,12 @@ def set_queue_stats(stats: Iterable[QueueStat]) -> None:
     QUEUE_PAUSED.clear()
     for stat in stats:
         for state in QUEUE_STATES:
-            QUEUE_JOBS.labels(stat.queue, state).set(stat.counts.get(state, 0))
+            if not stat.by_tenant:  # (no live job: the queue's zeros)
+                QUEUE_JOBS.set(stat.counts.get(state, 0), stat.queue, state)
+                continue
+            for tenant, counts in stat.by_tenant.items():
+                name = OTHER_TENANTS if tenant is None else tenant
+                QUEUE_JOBS.set(counts.get(state, 0), stat.queue, state, name)
         QUEUE_OLDEST_AGE.labels(stat.queue).set(stat.oldest_available_age_s or 0.0)
         QUEUE_PAUSED.labels(stat.queue).set(1 if stat.paused else 0)
 

@@ -1,5 +1,6 @@
-"""Queue statistics: the fleet-wide gauges (pgjobd_queue_jobs, ..._oldest_available_age)
-that only the leader exports, read every INTERVAL_S. Writes nothing."""
+"""Queue statistics: the fleet-wide gauges (pgjobd_queue_jobs, per tenant too in queues
+with fair or tenant_concurrency; ..._oldest_available_age) that only the leader exports,
+read every INTERVAL_S. Writes nothing."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import ClassVar
 from pgjobd import db, metrics
 from pgjobd.config import Config
 from pgjobd.roles import RoleContext
+from pgjobd.statements.leader import QueueStatRow, QueueTenantStatRow
 
 INTERVAL_S = 5.0
 
@@ -21,12 +23,26 @@ class QueueStats:
     async def tick(self, ctx: RoleContext) -> None:
         async with db.acquire(ctx.pool) as conn:
             rows = await ctx.queries.queue_stats(conn, list(ctx.config.queues))
+            tenant_rows = (
+                await ctx.queries.queue_tenant_stats(conn, metrics.TENANTS_SHOWN)
+                if any(row.by_tenant for row in rows)
+                else []
+            )
+        # Queues with fair or tenant_concurrency, broken down by tenant (docs/metrics.md).
+        by_tenant: dict[str, dict[str | None, dict[str, int]]] = {}
+        for t in tenant_rows:
+            by_tenant.setdefault(t.queue, {})[t.tenant] = _counts(t)
         metrics.set_queue_stats(
             metrics.QueueStat(
                 queue=row.queue,
-                counts={state: getattr(row, state) for state in metrics.QUEUE_STATES},
+                counts=_counts(row),
                 oldest_available_age_s=row.oldest_available_age_s,
                 paused=row.paused,
+                by_tenant=by_tenant.get(row.queue),
             )
             for row in rows
         )
+
+
+def _counts(row: QueueStatRow | QueueTenantStatRow) -> dict[str, int]:
+    return {state: getattr(row, state) for state in metrics.QUEUE_STATES}

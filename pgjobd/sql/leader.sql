@@ -197,8 +197,10 @@ HAVING count(*) > 0;
 
 -- name: queue_stats
 -- For the leader's metrics: per queue, live jobs by state, the oldest available job's
--- age (s; NULL when none is available) and whether it is paused. Lists the queues with
--- live jobs, the paused ones and those named in $1 (the leader's configured queues).
+-- age (s; NULL when none is available), whether it is paused and whether its depth is
+-- broken down by tenant (fair or tenant_concurrency: queue_tenant_stats). Lists the
+-- queues with live jobs, the paused ones and those named in $1 (the leader's configured
+-- queues).
 -- Read-only, so unfenced.
 -- $1 queue names
 WITH live AS (
@@ -216,11 +218,43 @@ SELECT n.queue,
        greatest(0, extract(epoch FROM now() - l.oldest_available_at))::float8
            AS oldest_available_age_s,
        coalesce(q.paused, false) AS paused,
-       coalesce(l.blocked, 0) AS blocked
+       coalesce(l.blocked, 0) AS blocked,
+       coalesce(q.fair OR q.tenant_concurrency IS NOT NULL, false) AS by_tenant
 FROM named AS n
 LEFT JOIN live AS l USING (queue)
 LEFT JOIN {{schema}}.queue AS q ON q.name = n.queue
 ORDER BY n.queue;
+
+-- name: queue_tenant_stats
+-- For the leader's metrics: live jobs by tenant and state of the queues with a
+-- tenant_concurrency or fair = true (the others are not broken down: bounded
+-- cardinality). Per queue, the $1 tenants with most live jobs (ties by name; '' is the
+-- jobs without a tenant), then one row with tenant NULL summing the others. Reads the
+-- live rows of those queues (job_claim_idx covers only available ones), read-only.
+-- $1 tenants shown per queue
+WITH per_tenant AS (
+    SELECT j.queue, coalesce(j.tenant::text, '') AS tenant,
+           count(*) FILTER (WHERE j.state = 'available') AS available,
+           count(*) FILTER (WHERE j.state = 'scheduled') AS scheduled,
+           count(*) FILTER (WHERE j.state = 'running') AS running,
+           count(*) FILTER (WHERE j.state = 'retryable') AS retryable,
+           count(*) FILTER (WHERE j.state::text = 'blocked') AS blocked,
+           count(*) AS live
+    FROM {{schema}}.job AS j
+    WHERE j.queue IN (SELECT q.name FROM {{schema}}.queue AS q
+                      WHERE q.fair OR q.tenant_concurrency IS NOT NULL)
+    GROUP BY 1, 2
+), ranked AS (
+    SELECT p.*, row_number() OVER (PARTITION BY p.queue ORDER BY p.live DESC, p.tenant) AS n
+    FROM per_tenant AS p
+)
+SELECT r.queue, CASE WHEN r.n <= $1 THEN r.tenant END AS tenant,
+       sum(r.available)::bigint AS available, sum(r.scheduled)::bigint AS scheduled,
+       sum(r.running)::bigint AS running, sum(r.retryable)::bigint AS retryable,
+       sum(r.blocked)::bigint AS blocked
+FROM ranked AS r
+GROUP BY 1, 2
+ORDER BY 1, 2 NULLS LAST;
 
 -- name: maintainer_role_to_set
 -- The role to SET ROLE to for the DDL that needs the job tables' owner and cannot run

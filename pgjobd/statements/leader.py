@@ -37,6 +37,17 @@ class QueueStatRow(NamedTuple):
     oldest_available_age_s: float | None
     paused: bool
     blocked: int = 0
+    by_tenant: bool = False  # fair or tenant_concurrency: see queue_tenant_stats
+
+
+class QueueTenantStatRow(NamedTuple):
+    queue: str
+    tenant: str | None  # None: the tenants past the ones shown, summed
+    available: int
+    scheduled: int
+    running: int
+    retryable: int
+    blocked: int
 
 
 class ExpiredRow(NamedTuple):
@@ -138,6 +149,10 @@ class LeaderStatements(Rendered):
     @statement("queue_stats")
     async def queue_stats(self, conn: Conn, queues: Sequence[str]) -> list[QueueStatRow]:
         return rows_of(QueueStatRow, await conn.fetch(self.sql("queue_stats"), queues))
+
+    @statement("queue_tenant_stats")
+    async def queue_tenant_stats(self, conn: Conn, shown: int) -> list[QueueTenantStatRow]:
+        return rows_of(QueueTenantStatRow, await conn.fetch(self.sql("queue_tenant_stats"), shown))
 
     @statement("queue_sample_record")
     async def queue_sample_record(

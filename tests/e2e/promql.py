@@ -1,5 +1,5 @@
 """A small PromQL evaluator for the alert rules of docs/alerts.yml, over /metrics scrapes
-taken during a test: selectors with matchers and ranges, max/min/sum [by], increase,
+taken during a test: selectors with matchers and ranges, max/min/sum [by | without], increase,
 rate, deriv, min_over_time, max_over_time, histogram_quantile, vector, comparisons
 (filters), `*`, `and`, `or`. Counters are taken as they are (no resets in one run) and
 without Prometheus's extrapolation; rates are over the samples' own span."""
@@ -138,16 +138,23 @@ class Evaluator:
     def _aggregate(self) -> Vector:
         how = self._take()
         by: list[str] | None = None
+        without: list[str] | None = None
         if self._peek() == "by":
             self._take()
             by = self._names()
+        elif self._peek() == "without":
+            self._take()
+            without = self._names()
         self._take("(")
         inner = self._or()
         self._take(")")
         assert isinstance(inner, dict)
         groups: dict[Labels, list[float]] = {}
         for labels, value in inner.items():
-            key = frozenset((k, v) for k, v in labels if by is not None and k in by)
+            if without is not None:
+                key = frozenset((k, v) for k, v in labels if k not in without and k != "__name__")
+            else:
+                key = frozenset((k, v) for k, v in labels if by is not None and k in by)
             groups.setdefault(key, []).append(float(value))  # type: ignore[arg-type]
         pick = {"max": max, "min": min, "sum": sum}[how]
         return {k: float(pick(vs)) for k, vs in groups.items()}

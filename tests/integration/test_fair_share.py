@@ -5,6 +5,7 @@ bound on a newly waiting tenant's wait stated in docs/decisions.md."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter, defaultdict
 from datetime import timedelta
 
@@ -14,11 +15,15 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from prometheus_client.parser import text_string_to_metric_families
 
+from pgjobd import metrics
 from pgjobd.config import QueueConfig
 from pgjobd.lock_keys import LEADER, lock_key
 from pgjobd.member.generations import write_queue_limits
 from pgjobd.queries import Queries, for_schema
+from pgjobd.roles import RoleContext
+from pgjobd.roles.queue_stats import QueueStats
 from pgjobd.statements.member import KindDeclared
 from tests.integration.test_flow_control import Fleet, _none_left, most_at_once
 
@@ -170,6 +175,50 @@ async def test_a_new_tenant_behind_a_big_backlog_starts_within_the_bound(
     assert len(started) <= 3
 
 
+async def test_a_queue_made_fair_on_an_empty_table_marks_new_jobs_at_once(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    """Regression (issue 12, migration 0015): made fair while the job table was empty
+    and ids were past 50,000, the claims marked from id 0 at 10,000 ids a claim; the
+    jobs meanwhile ran unmarked in queue order, charged to their tenant (a: 50 of the
+    first 50 starts, then none)."""
+    q = for_schema(schema)
+    await conn.execute(f"SELECT setval('{schema}.job_id_seq', 50000)")
+    await write_queue_limits(conn, q, {"f": QueueConfig(fair=True)}, "m")
+    for tenant in ["a", "b", "c", "d", "e"]:
+        await _enqueue_many(conn, schema, "f", tenant, 100)
+    starts: Counter[str] = Counter()
+    for _ in range(10):
+        rows = await _claim(conn, q, "f", 10)
+        starts.update(_tenant(r) for r in rows)
+        await _complete(conn, q, rows)
+    assert starts == {t: 20 for t in "abcde"}
+
+
+async def test_a_tenant_with_a_trickle_of_jobs_banks_no_share(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    """Regression (issue 12, migration 0015): a tenant that ran out of jobs in each claim
+    kept its pass while the rest of its share went to the others, and fair_vtime stayed
+    at its pass; after 20 claims it was 120 starts behind and, once backlogged, took the
+    next 60 starts alone. Idle time is not banked: it rejoins at the others' pass."""
+    q = for_schema(schema)
+    await write_queue_limits(conn, q, {"f": QueueConfig(fair=True)}, "m")
+    await _enqueue_many(conn, schema, "f", "x", 500)
+    for _ in range(20):
+        await _enqueue_many(conn, schema, "f", "y", 1)
+        rows = await _claim(conn, q, "f", 8)
+        assert Counter(_tenant(r) for r in rows) == {"x": 7, "y": 1}
+        await _complete(conn, q, rows)
+    await _enqueue_many(conn, schema, "f", "y", 500)
+    starts: Counter[str] = Counter()
+    for _ in range(6):
+        rows = await _claim(conn, q, "f", 10)
+        starts.update(_tenant(r) for r in rows)
+        await _complete(conn, q, rows)
+    assert abs(starts["x"] - starts["y"]) <= 2, starts
+
+
 async def test_a_queue_that_becomes_fair_marks_its_jobs_and_unmarked_ones_still_run(
     conn: asyncpg.Connection, schema: str
 ) -> None:
@@ -229,6 +278,61 @@ async def test_weights_disagreeing_members_last_writer_wins_and_it_is_logged(
     # A member with neither [tenants] nor a fair queue leaves the weights alone.
     await write_queue_limits(conn, q, {"other": QueueConfig()}, "member-c")
     assert await conn.fetchval(f"SELECT count(*) FROM {schema}.tenant_weight") == 1
+
+
+async def test_queue_jobs_breaks_down_by_tenant_only_where_fair_or_capped(
+    conn: asyncpg.Connection, schema: str, leading: RoleContext
+) -> None:
+    """Issue 12 item 7: pgjobd_queue_jobs gains a tenant label in queues with fair or
+    tenant_concurrency only, bounded to the TENANTS_SHOWN tenants with most live jobs
+    and the rest summed as OTHER_TENANTS; read back from the exposition the leader's
+    queue_stats role sets."""
+    q = leading.queries
+    await write_queue_limits(
+        conn, q, {"f": QueueConfig(fair=True), "c": QueueConfig(tenant_concurrency=1),
+                  "plain": QueueConfig()}, "m",
+    )  # fmt: skip
+    for n in range(25):  # t00 has 1 job ... t24 has 25
+        await _enqueue_many(conn, schema, "f", f"t{n:02}", n + 1)
+    await _enqueue_many(conn, schema, "f", None, 30)
+    await _enqueue_many(conn, schema, "c", "a", 3)
+    await _enqueue_many(conn, schema, "plain", "a", 4)
+    running = await _claim(conn, q, "c", 5)  # a: 1 running (its cap), 2 available
+    assert len(running) == 1
+    await QueueStats().tick(leading)
+    (family,) = [
+        f for f in text_string_to_metric_families(metrics.exposition().decode())
+        if f.name == "pgjobd_queue_jobs"
+    ]  # fmt: skip
+    series = {tuple(sorted(s.labels.items())): s.value for s in family.samples}
+
+    def of(queue: str) -> dict[tuple[str | None, str], float]:
+        return {
+            (dict(k).get("tenant"), dict(k)["state"]): v
+            for k, v in series.items() if dict(k)["queue"] == queue
+        }  # fmt: skip
+
+    plain = of("plain")
+    assert plain[(None, "available")] == 4 and {t for t, _ in plain} == {None}
+    assert of("c") == {
+        **{("a", s): 0 for s in metrics.QUEUE_STATES}, ("a", "available"): 2,
+        ("a", "running"): 1,
+    }  # fmt: skip
+    fair = of("f")
+    assert {state for _, state in fair} == set(metrics.QUEUE_STATES)
+    shown = {t for t, _ in fair} - {metrics.OTHER_TENANTS}
+    assert len(shown) == metrics.TENANTS_SHOWN == 20
+    # The most live jobs first: "" (30), t24 (25) ... t06 (7); t00..t05 are the rest.
+    assert shown == {"", *(f"t{n:02}" for n in range(6, 25))}
+    assert fair[("", "available")] == 30 and fair[("t24", "available")] == 25
+    assert fair[(metrics.OTHER_TENANTS, "available")] == sum(range(1, 7))
+    assert sum(v for (_, s), v in fair.items() if s == "available") == 30 + sum(range(1, 26))
+    # The next reading replaces every series: a queue whose jobs are gone shows zeros.
+    await conn.execute(f"DELETE FROM {schema}.job WHERE queue = 'c'")
+    await QueueStats().tick(leading)
+    assert metrics.REGISTRY.get_sample_value(
+        "pgjobd_queue_jobs", {"queue": "c", "state": "available", "tenant": "a"}
+    ) is None  # fmt: skip
 
 
 class FairQueue(RuleBasedStateMachine):
@@ -298,14 +402,15 @@ class FairQueue(RuleBasedStateMachine):
 
     @rule()
     def window(self) -> None:
-        """With every tenant backlogged, shares converge: after 60 starts that let the
-        passes even out (whatever happened before, a tenant that had waited alone may
-        start a window well behind the others: CI saw 20 of 60 for one of five equal
-        tenants), the next 60 starts split by weight within a few starts each."""
+        """With every tenant backlogged, shares converge: the 60 starts after a margin of
+        60 split by weight within a few starts each. (Before migration 0015 a history
+        could leave one tenant's pass far from the others', and even the margin did not
+        help: 4 or 20 of 60 starts for one of five equal tenants; see docs/decisions.md.
+        Without the margin, 100 examples passed on 0015.)"""
         for tenant in ["a", "b", "c", "d", ""]:
             if self.waiting[tenant] < 160:
                 self.arrive(tenant, 160 - self.waiting[tenant])
-        for n in [10, 10, 10, 10, 10, 10]:  # 60 to even the passes out
+        for n in [10, 10, 10, 10, 10, 10]:  # the margin
             self.claim(n)
         before = Counter({t: 0 for t in self.waiting})
         starts: Counter[str] = Counter()
@@ -327,16 +432,11 @@ class FairQueue(RuleBasedStateMachine):
             assert others <= bound, (tenant, others, dict(self.waiting))
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known bug (issue 12): after some histories one of five equal-weight, "
-    "backlogged tenants gets 4 of 60 starts even after a 60-start warm-up (seen on "
-    "PostgreSQL 18, about one run in three); the starvation bound held in every run",
-)
 async def test_fair_share_state_machine(dsn: str, schema: str) -> None:
     FairQueue.dsn, FairQueue.schema = dsn, schema
     FairQueue.TestCase.settings = settings(
-        max_examples=15, stateful_step_count=25, deadline=None,
+        max_examples=int(os.environ.get("PGJOBD_FAIR_EXAMPLES", "15")),
+        stateful_step_count=25, deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     )  # fmt: skip
     await anyio.to_thread.run_sync(FairQueue.TestCase().runTest)
