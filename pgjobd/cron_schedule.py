@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -52,8 +53,11 @@ def zone_of(timezone: str) -> ZoneInfo:
         raise ScheduleError(f"unknown time zone {timezone!r}") from None
 
 
+@lru_cache(maxsize=1024)
 def check(schedule: str, timezone: str) -> ZoneInfo:
-    """The zone, after checking that the schedule parses and fires; else ScheduleError."""
+    """The zone, after checking that the schedule parses and fires; else ScheduleError.
+    Remembered (a failure is not): `cron list` and the console's cron page check every
+    schedule on every read, and parsing is most of their time."""
     zone = zone_of(timezone)
     try:
         croniter(schedule, datetime(2000, 1, 1)).get_next(datetime)

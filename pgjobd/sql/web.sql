@@ -12,29 +12,45 @@ WHERE a.job_id = $1
 ORDER BY a.attempt, a.failed_at;
 
 -- name: web_dead_groups
--- Dead jobs that died within $1, grouped by dead_group_key (migration 0009): the
+-- Dead jobs that died within $1, grouped as `dlq list` groups them: by the fingerprint
+-- of the last failed attempt and the reason (dead_group_key, migration 0015). The
 -- biggest group first, each with its kinds and queues, when it first and last died,
--- an error of the group (the same text throughout while the key is the error) and its
--- newest job's id. Aggregated by (key, kind, queue) first, so that only those few rows
--- are sorted for the arrays; finished_at prunes to the window's partitions.
+-- and its newest job's id and error. The groups are counted from the dead jobs' index
+-- alone (job_history_dead_at_idx: an index-only scan of the window), aggregated by
+-- (fingerprint, reason, kind, queue) first so that only those few rows are sorted for
+-- the arrays; only each shown group's newest record is read from the table (its
+-- finished_at names its partition).
 -- $1 window (interval), $2 how many groups
 WITH per AS (
-    SELECT {{schema}}.dead_group_key(h.last_error) AS key, h.kind, h.queue,
-           count(*) AS jobs, min(h.finished_at) AS first_at, max(h.finished_at) AS last_at,
-           min(h.last_error) AS error, max(h.id) AS newest_id
+    SELECT h.fingerprint, h.reason, h.kind, h.queue, count(*) AS jobs,
+           min(h.finished_at) AS first_at, max(h.finished_at) AS last_at
     FROM {{schema}}.job_history AS h
     WHERE h.state = 'dead' AND h.finished_at > now() - $1::interval
-    GROUP BY 1, 2, 3
+    GROUP BY 1, 2, 3, 4
+), groups AS (
+    SELECT p.fingerprint, p.reason, sum(p.jobs)::bigint AS jobs,
+           array_agg(DISTINCT p.kind ORDER BY p.kind) AS kinds,
+           array_agg(DISTINCT p.queue ORDER BY p.queue) AS queues,
+           min(p.first_at) AS first_at, max(p.last_at) AS last_at
+    FROM per AS p
+    GROUP BY p.fingerprint, p.reason
+    ORDER BY jobs DESC, last_at DESC
+    LIMIT $2
 )
-SELECT p.key, sum(p.jobs)::bigint AS jobs,
-       array_agg(DISTINCT p.kind ORDER BY p.kind) AS kinds,
-       array_agg(DISTINCT p.queue ORDER BY p.queue) AS queues,
-       min(p.first_at) AS first_at, max(p.last_at) AS last_at, min(p.error) AS error,
-       max(p.newest_id) AS newest_id
-FROM per AS p
-GROUP BY p.key
-ORDER BY jobs DESC, last_at DESC
-LIMIT $2;
+SELECT {{schema}}.dead_group_key(g.fingerprint, g.reason) AS key, g.fingerprint, g.reason,
+       g.jobs, g.kinds, g.queues, g.first_at, g.last_at, n.last_error AS error,
+       n.id AS newest_id
+FROM groups AS g
+CROSS JOIN LATERAL (
+    SELECT h.id, h.last_error
+    FROM {{schema}}.job_history AS h
+    WHERE h.state = 'dead' AND h.finished_at = g.last_at
+      AND h.fingerprint IS NOT DISTINCT FROM g.fingerprint
+      AND h.reason IS NOT DISTINCT FROM g.reason
+    ORDER BY h.id DESC
+    LIMIT 1
+) AS n
+ORDER BY g.jobs DESC, g.last_at DESC;
 
 -- name: web_samples
 -- The queue samples (roles/samples.py) of the last $1, summed over the queues named in

@@ -42,6 +42,7 @@ class QueueStatusRow(NamedTuple):
     blocked: int = 0
     tenant_concurrency: int | None = None
     fair: bool = False
+    counted_at: datetime | None = None  # the leader's published counts' time (None: now)
 
 
 class JobListRow(NamedTuple):
@@ -196,8 +197,10 @@ class AdminStatements(Rendered):
         return row_of(LeaderRow, record)
 
     @statement("admin_status_queues")
-    async def admin_status_queues(self, conn: Conn, liveness: timedelta) -> list[QueueStatusRow]:
-        records = await conn.fetch(self.sql("admin_status_queues"), liveness)
+    async def admin_status_queues(
+        self, conn: Conn, liveness: timedelta, published_within: timedelta | None = None
+    ) -> list[QueueStatusRow]:
+        records = await conn.fetch(self.sql("admin_status_queues"), liveness, published_within)
         return rows_of(QueueStatusRow, records)
 
     @statement("admin_jobs_list")

@@ -23,6 +23,8 @@ class AttemptRow(NamedTuple):
 
 class DeadGroupRow(NamedTuple):
     key: str
+    fingerprint: str | None
+    reason: str | None
     jobs: int
     kinds: list[str]
     queues: list[str]

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any
 from urllib.parse import urlencode
 
@@ -32,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from pgjobd import admin, cron_schedule, migrate
 from pgjobd.client import Client, JobInfo
 from pgjobd.redact import redact_args
+from pgjobd.roles import queue_stats
 from pgjobd.web import charts, reads
 from pgjobd.web.auth import SESSION_COOKIE, SESSION_S, Guard, Session
 
@@ -39,6 +41,10 @@ REFRESH_S = 5.0
 MAX_LIMIT = 500
 CHART_HOURS = (1, 6, 24)
 CRON_NEXT_RUNS = 3
+# The overview shows the live counts the leader publishes every queue_stats.INTERVAL_S
+# (instead of counting every live job on every refresh of every tab) while they are at
+# most this old; older (no leader), it counts them itself, as `pgjobd status` does.
+PUBLISHED_COUNTS = timedelta(seconds=3 * queue_stats.INTERVAL_S)
 
 _json = msgspec.json.Encoder()
 
@@ -331,7 +337,9 @@ async def _list_jobs(console: Console, f: JobFilter) -> tuple[list[admin.JobSumm
 
 async def overview(console: Console, request: Request) -> Response:
     hours = _int_param(request, "hours", 6, 1, 24)
-    status = await admin.status(console.db, console.schema)
+    status, counted_at = await admin.status_as_counted(
+        console.db, console.schema, published_within=PUBLISHED_COUNTS
+    )
     now = await reads.now(console.db, console.schema)
     samples = await reads.samples(console.db, console.schema, within=timedelta(hours=hours))
     start = now - timedelta(hours=hours)
@@ -352,6 +360,7 @@ async def overview(console: Console, request: Request) -> Response:
     return _render(
         console, request, "overview.html", status=status, hours=hours,
         hour_choices=CHART_HOURS, charts=[throughput, depth],
+        counted_age_s=(now - counted_at).total_seconds() if counted_at else None,
     )  # fmt: skip
 
 
@@ -412,14 +421,21 @@ async def cron_page(console: Console, request: Request) -> Response:
 def _next_runs(entry: admin.CronListed) -> list[datetime]:
     if entry.next_run is None or entry.error is not None:
         return []
-    zone = cron_schedule.zone_of(entry.timezone)
-    runs = [entry.next_run]
+    return list(_runs_from(entry.schedule, entry.timezone, entry.next_run))
+
+
+@lru_cache(maxsize=1024)
+def _runs_from(schedule: str, timezone: str, first: datetime) -> tuple[datetime, ...]:
+    """CRON_NEXT_RUNS runs from `first` in the schedule's zone: the same until `first`
+    passes, so remembered rather than computed on every refresh."""
+    zone = cron_schedule.zone_of(timezone)
+    runs = [first]
     while len(runs) < CRON_NEXT_RUNS:
-        following = cron_schedule.next_slot(entry.schedule, zone, runs[-1])
+        following = cron_schedule.next_slot(schedule, zone, runs[-1])
         if following is None:
             break
         runs.append(following)
-    return [run.astimezone(zone) for run in runs]
+    return tuple(run.astimezone(zone) for run in runs)
 
 
 async def dead_page(console: Console, request: Request) -> Response:

@@ -569,3 +569,43 @@ async def test_migrations_that_only_build_committed_one_by_one_are_applied_unver
         assert "unsafe use of new value" in found.skipped
     else:
         assert (found.missing, found.altered, found.foreign) == ([], [], [])
+
+
+async def test_the_web_console_migration_gives_old_dead_records_their_last_fingerprint(
+    conn: asyncpg.Connection, scratch_schema: str
+) -> None:
+    """Dead records written before job_history had a fingerprint get their last failed
+    attempt's (what job_fingerprint(id) answered), so `dlq list` and the console group
+    them as before; other records get none."""
+    s = scratch_schema
+    ours = next(m for m in migrate.available() if m.name == "web_console")
+    await conn.execute(migrate.sql_text.render(migrate._BOOTSTRAP, s))
+    for m in migrate.available():
+        if m.version == ours.version:
+            break
+        await conn.execute(migrate.sql_text.render(m.sql, s))
+        await conn.execute(
+            f"INSERT INTO {s}.migration (version, name, checksum) VALUES ($1, $2, $3)",
+            m.version, m.name, m.checksum,
+        )  # fmt: skip
+    await conn.execute(f"SELECT {s}.partitions_ensure(1)")
+    await conn.execute(
+        f"""INSERT INTO {s}.job_history (id, finished_at, run_at, enqueued_at, attempt,
+                max_attempts, priority, state, reason, queue, kind, owner, args)
+            VALUES (1, now(), now(), now(), 2, 2, 0, 'dead', 'attempts_exhausted', 'q', 'k',
+                    'm', '{{}}'),
+                   (2, now(), now(), now(), 1, 1, 0, 'completed', NULL, 'q', 'k', 'm', '{{}}'),
+                   (3, now(), now(), now(), 0, 1, 0, 'dead', 'expired', 'q', 'k', 'm', '{{}}')"""
+    )
+    await conn.execute(
+        f"""INSERT INTO {s}.job_attempt (job_id, attempt, queue, kind, outcome, fingerprint)
+            VALUES (1, 1, 'q', 'k', 'failed', 'first'), (1, 2, 'q', 'k', 'failed', 'last'),
+                   (2, 1, 'q', 'k', 'failed', 'retried')"""
+    )
+
+    assert await migrate.migrate(conn, s) == [m.version for m in migrate.available()
+                                              if m.version >= ours.version]  # fmt: skip
+
+    rows = await conn.fetch(f"SELECT id, fingerprint FROM {s}.job_history ORDER BY id")
+    assert [(r["id"], r["fingerprint"]) for r in rows] == [(1, "last"), (2, None), (3, None)]
+    assert not (await migrate.verify(conn, s)).broken
