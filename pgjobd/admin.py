@@ -742,7 +742,7 @@ async def list_cron(db: Db, schema: str) -> list[CronListed]:
         try:
             zone = cron_schedule.check(r.schedule, r.timezone)
             if r.enabled:
-                next_run = cron_schedule.next_slot(r.schedule, zone, r.now)
+                next_run = cron_schedule.next_slot_remembered(r.schedule, zone, r.now)
         except cron_schedule.ScheduleError as e:
             error = str(e)
         record = {**r._asdict(), "next_run": next_run, "error": error}

@@ -163,6 +163,26 @@ def next_slot(schedule: str, zone: ZoneInfo, after: datetime) -> datetime | None
     return best
 
 
+_NEXT: dict[tuple[str, str], tuple[datetime, datetime]] = {}
+_NEXT_SIZE = 4096
+
+
+def next_slot_remembered(schedule: str, zone: ZoneInfo, after: datetime) -> datetime | None:
+    """next_slot, remembered per schedule and zone: a slot found after t is also the
+    first one after any later time before it, so `cron list` and the console's cron
+    page (every refresh) parse and walk a schedule once per slot, not once per read."""
+    key = (schedule, str(zone))
+    known = _NEXT.get(key)
+    if known is not None and known[0] <= after < known[1]:
+        return known[1]
+    found = next_slot(schedule, zone, after)
+    if found is not None:
+        if len(_NEXT) >= _NEXT_SIZE:
+            _NEXT.clear()
+        _NEXT[key] = (after, found)
+    return found
+
+
 @dataclass(frozen=True)
 class Due:
     """What one schedule owes at `now`: the slots to enqueue (oldest first), and the new

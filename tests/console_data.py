@@ -17,6 +17,8 @@ KIND = "hostile.kind"
 TENANT = f"tenant {HOSTILE}"
 ERROR_CLASS = "ValueError"
 ERROR_MESSAGE = f"bad input {HOSTILE}"
+# Reasons a job dies for without a failed attempt, so without a fingerprint.
+NO_ATTEMPT = ("expired", "dependency_failed")
 FINGERPRINT = fingerprints.fingerprint(ERROR_CLASS, ERROR_MESSAGE, "h:handle")
 TRACEBACK = f'Traceback (most recent call last):\n  File "h.py", line 1\nValueError: {HOSTILE}'
 
@@ -47,7 +49,11 @@ async def finish(
     error: str | None = None, result: str | None = None, fingerprint: str | None = None,
 ) -> None:  # fmt: skip
     """Ends a live job as job_fail_many or job_complete_many would (job_finish), with
-    its last attempt's error fingerprint."""
+    its last attempt's error fingerprint: by default, for a job that died of an error
+    ("Class: message"), the fingerprint the failure path would give it."""
+    if fingerprint is None and error and reason not in (None, "cancelled", *NO_ATTEMPT):
+        error_class, _, message = error.partition(": ")
+        fingerprint = fingerprints.fingerprint(error_class, message, "h:handle")
     await conn.execute(
         f"""WITH gone AS (DELETE FROM {schema}.job AS j WHERE j.id = $1 RETURNING j)
             SELECT {schema}.job_finish(array_agg(g.j), ARRAY[$2::text], ARRAY[$3::text],
