@@ -292,20 +292,52 @@ ORDER BY h.finished_at DESC, h.id DESC
 LIMIT $4;
 
 -- name: admin_dlq_groups
--- Every matching dead job, grouped by the fingerprint of its last failed attempt (and
--- the reason it ended: the console's groups, dead_group_key): how many, of which
--- kinds, when the latest died, and the latest one's error. Largest groups first.
--- $1 kind (NULL: any), $2 queue (NULL: any), $3 dead since (NULL: ever)
-SELECT h.fingerprint, h.reason, count(*) AS jobs, array_agg(DISTINCT h.kind) AS kinds,
-       max(h.finished_at) AS last_dead_at,
-       (array_agg(h.last_error ORDER BY h.finished_at DESC))[1] AS last_error
-FROM {{schema}}.job_history AS h
-WHERE h.state = 'dead'
-  AND ($1::text IS NULL OR h.kind = $1::text)
-  AND ($2::text IS NULL OR h.queue = $2::text)
-  AND ($3::timestamptz IS NULL OR h.finished_at >= $3::timestamptz)
-GROUP BY h.fingerprint, h.reason
-ORDER BY count(*) DESC, max(h.finished_at) DESC;
+-- Every matching dead job, grouped by the fingerprint of its last failed attempt and
+-- the reason it ended (job_history.fingerprint, migration 0015; the group's key is
+-- dead_group_key): how many, of which kinds and queues, when the first and the latest
+-- died, and the latest one's id and error. Largest groups first, at most $4. `dlq list`
+-- and the web console's dead jobs page (over its window) read this one statement. The
+-- groups are counted from the dead jobs' index alone (job_history_dead_at_idx: an
+-- index-only scan), by (fingerprint, reason, kind, queue) first so that only those few
+-- rows are sorted for the arrays; only each group's latest record is read from the
+-- table, for its error (its finished_at names its partition).
+-- $1 kind (NULL: any), $2 queue (NULL: any), $3 dead since (NULL: ever), $4 at most this
+-- many groups (NULL: all)
+WITH per AS (
+    SELECT h.fingerprint, h.reason, h.kind, h.queue, count(*) AS jobs,
+           min(h.finished_at) AS first_at, max(h.finished_at) AS last_at
+    FROM {{schema}}.job_history AS h
+    WHERE h.state = 'dead'
+      AND ($1::text IS NULL OR h.kind = $1::text)
+      AND ($2::text IS NULL OR h.queue = $2::text)
+      AND ($3::timestamptz IS NULL OR h.finished_at >= $3::timestamptz)
+    GROUP BY 1, 2, 3, 4
+), groups AS (
+    SELECT p.fingerprint, p.reason, sum(p.jobs)::bigint AS jobs,
+           array_agg(DISTINCT p.kind ORDER BY p.kind) AS kinds,
+           array_agg(DISTINCT p.queue ORDER BY p.queue) AS queues,
+           min(p.first_at) AS first_at, max(p.last_at) AS last_dead_at
+    FROM per AS p
+    GROUP BY p.fingerprint, p.reason
+    ORDER BY jobs DESC, last_dead_at DESC
+    LIMIT $4
+)
+SELECT g.fingerprint, g.reason, g.jobs, g.kinds, g.last_dead_at, n.last_error,
+       {{schema}}.dead_group_key(g.fingerprint, g.reason) AS key, g.queues, g.first_at,
+       n.id AS newest_id
+FROM groups AS g
+CROSS JOIN LATERAL (
+    SELECT h.id, h.last_error
+    FROM {{schema}}.job_history AS h
+    WHERE h.state = 'dead' AND h.finished_at = g.last_dead_at
+      AND h.fingerprint IS NOT DISTINCT FROM g.fingerprint
+      AND h.reason IS NOT DISTINCT FROM g.reason
+      AND ($1::text IS NULL OR h.kind = $1::text)
+      AND ($2::text IS NULL OR h.queue = $2::text)
+    ORDER BY h.id DESC
+    LIMIT 1
+) AS n
+ORDER BY g.jobs DESC, g.last_dead_at DESC;
 
 -- name: admin_dlq_ids
 -- The dead jobs a redrive takes (then admin_jobs_revive, in the same transaction).
@@ -321,8 +353,8 @@ WHERE h.state = 'dead'
 ORDER BY h.id;
 
 -- name: admin_dlq_group_ids
--- The dead jobs of one group (web_dead_groups in web.sql: dead_group_key, migration
--- 0015: fingerprint and reason) that died within $2, for a redrive of the group.
+-- The dead jobs of one group (admin_dlq_groups' key: dead_group_key, migration 0015:
+-- fingerprint and reason) that died within $2, for a redrive of the group.
 -- $1 group key, $2 window (interval)
 SELECT h.id
 FROM {{schema}}.job_history AS h

@@ -127,6 +127,10 @@ class DeadGroupRow(NamedTuple):
     kinds: list[str]
     last_dead_at: datetime
     last_error: str | None
+    key: str  # dead_group_key: "<fingerprint>.<reason>"
+    queues: list[str]
+    first_at: datetime
+    newest_id: int
 
 
 class PausedRow(NamedTuple):
@@ -252,9 +256,10 @@ class AdminStatements(Rendered):
 
     @statement("admin_dlq_groups")
     async def admin_dlq_groups(
-        self, conn: Conn, kind: str | None, queue: str | None, since: datetime | None
-    ) -> list[DeadGroupRow]:
-        records = await conn.fetch(self.sql("admin_dlq_groups"), kind, queue, since)
+        self, conn: Conn, kind: str | None, queue: str | None, since: datetime | None,
+        limit: int | None = None,
+    ) -> list[DeadGroupRow]:  # fmt: skip
+        records = await conn.fetch(self.sql("admin_dlq_groups"), kind, queue, since, limit)
         return rows_of(DeadGroupRow, records)
 
     @statement("admin_dlq_ids")
