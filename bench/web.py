@@ -269,9 +269,18 @@ async def paging(client: httpx.AsyncClient, conn: asyncpg.Connection) -> dict[st
 async def refresher(client: httpx.AsyncClient, ids: dict[str, int], every_s: float,
                     stop: asyncio.Event, counter: list[int]) -> None:  # fmt: skip
     urls = ["/", "/jobs", f"/jobs/{ids['dead_job']}", "/members", "/cron", "/dead"]
+
+    async def poll(url: str) -> None:
+        try:
+            await client.get(url, headers={"hx-request": "true"})
+        except httpx.TransportError:
+            # The server closed the kept-alive connection as the request went out (its
+            # idle timeout, 5 s, is the refresh interval): a browser sends it again.
+            await client.get(url, headers={"hx-request": "true"})
+
     while not stop.is_set():
         started = time.monotonic()
-        await asyncio.gather(*(client.get(u, headers={"hx-request": "true"}) for u in urls))
+        await asyncio.gather(*(poll(u) for u in urls))
         counter[0] += len(urls)
         await asyncio.sleep(max(0.0, every_s - (time.monotonic() - started)))
 
