@@ -1,7 +1,9 @@
 """What the lifecycle costs a completion that has no dependants: job_complete_many
 (batches of 50) with job_finish as the lifecycle migration defines it (history, then
 job_settle: the job_final announcement and the dependency edges' look-up) beside
-job_finish as 0006 defined it (history only), interleaved in one run on one schema.
+job_finish as 0006 defined it (history only), and as the web console migration defines
+it (the lifecycle's, plus the fingerprints column), interleaved in one run on one
+schema.
 
 Creates schema ``bench_finish`` (migrated fresh) and drops it at the end.
 
@@ -49,23 +51,45 @@ async def drain(conn: asyncpg.Connection, client: Client, n: int) -> float:
     return n / (time.perf_counter() - started)
 
 
+SIGNATURE = (
+    "results     jsonb[]   DEFAULT NULL,\n    keep        boolean[] DEFAULT NULL,\n"
+    "    fingerprints text[]  DEFAULT NULL\n)"
+)
+
+
+def with_signature(body: str) -> str:
+    """`body` (an older job_finish) with the current signature, ignoring the arguments
+    it does not read: CREATE OR REPLACE must not add an overload."""
+    head, rest = body.split("RETURNS integer", 1)
+    head = head[: head.index("results")] + SIGNATURE + "\n"
+    return head + "RETURNS integer" + rest
+
+
 async def main(args: argparse.Namespace) -> None:
     conn = await asyncpg.connect(args.dsn)
     await conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
     await migrate(conn, SCHEMA)
-    lifecycle = next(m.version for m in available() if m.name == "lifecycle")
-    old, new = finish_of(6), finish_of(lifecycle)
-    # 0006's body reads no `keep` argument: give it 0007's signature, ignoring it.
-    old = old.replace(
-        "results     jsonb[] DEFAULT NULL\n)",
-        "results     jsonb[] DEFAULT NULL,\n    keep boolean[] DEFAULT NULL\n)",
+    version = {m.name: m.version for m in available()}
+    bodies = {
+        "0006": with_signature(finish_of(6)),
+        "lifecycle": with_signature(finish_of(version["lifecycle"])),
+        "web_console": finish_of(version["web_console"]),
+        # The same, without the dead jobs' partial index the migration adds (a
+        # completion's insert only checks its predicate): what that index costs.
+        "web_console_no_dead_idx": finish_of(version["web_console"])
+        + f"; DROP INDEX IF EXISTS {SCHEMA}.job_history_dead_at_idx",
+    }
+    restore = (
+        f"CREATE INDEX IF NOT EXISTS job_history_dead_at_idx ON {SCHEMA}.job_history "
+        "(finished_at) INCLUDE (fingerprint, reason, kind, queue) WHERE state = 'dead'"
     )
     pool = await asyncpg.create_pool(args.dsn, min_size=1, max_size=2)
     client = Client(pool, schema=SCHEMA)
-    rates: dict[str, list[float]] = {"0006": [], "0007": []}
+    rates: dict[str, list[float]] = {name: [] for name in bodies}
     try:
         for rep in range(args.reps):
-            for name, body in (("0006", old), ("0007", new))[:: 1 if rep % 2 == 0 else -1]:
+            for name, body in list(bodies.items())[:: 1 if rep % 2 == 0 else -1]:
+                await conn.execute(restore)
                 await conn.execute(body)
                 rates[name].append(await drain(conn, client, args.jobs))
                 print(
@@ -75,12 +99,17 @@ async def main(args: argparse.Namespace) -> None:
         await pool.close()
         await conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
         await conn.close()
-    ratios = [a / b for a, b in zip(rates["0007"], rates["0006"], strict=True)]
-    print(
-        f"claim + complete_many ({BATCH}/batch), {args.jobs:,} jobs x {args.reps}: "
-        f"0007/0006 median {statistics.median(ratios):.2f} "
-        f"(each: {', '.join(f'{r:.2f}' for r in ratios)})"
-    )
+    for new, old in (
+        ("lifecycle", "0006"),
+        ("web_console", "lifecycle"),
+        ("web_console", "web_console_no_dead_idx"),
+    ):
+        ratios = [a / b for a, b in zip(rates[new], rates[old], strict=True)]
+        print(
+            f"claim + complete_many ({BATCH}/batch), {args.jobs:,} jobs x {args.reps}: "
+            f"{new}/{old} median {statistics.median(ratios):.3f} "
+            f"(each: {', '.join(f'{r:.3f}' for r in ratios)})"
+        )
 
 
 def parse_args() -> argparse.Namespace:

@@ -14,7 +14,7 @@ Two parts, each in its own fresh schema (``bench_flow``, dropped at the end):
     tenants      ``job_claim_flow`` with global_concurrency = 150, jobs of 100 tenants
     fair         as tenants, with fair = true, made fair by the member's write after the
                  enqueue (which marks the jobs), then shared by stride scheduling
-                 (migrations 0014, 0015)
+                 (migrations 0014, 0018)
   Printed: jobs/s, and the claim statement's p50/p99 (client-timed).
 - drain: real ``pgjobd run`` members drain N no-op jobs; 2 members with
   ``global_concurrency = 50`` (concurrency 50 each) against 2 members with

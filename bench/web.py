@@ -8,7 +8,8 @@ and ``--live`` live jobs in queues no member serves (available 70 %, scheduled 2
 retryable 10 %), 24 h of queue samples, then VACUUM ANALYZEs (as autovacuum would
 soon after such a load). Then:
 
-- a real ``pgjobd web`` process; each page (and the API reads) is requested
+- a real ``pgjobd web`` process and one real member (the leader, whose queue_stats
+  role publishes the live counts the overview reads); each page (and the API reads) is requested
   ``--requests`` times after a warm-up; the server time of each request is its
   ``Server-Timing: app;dur=`` header (what the ASGI app spent, database included);
   p50 and p95 are printed against the 200 ms target;
@@ -75,7 +76,7 @@ async def load(conn: asyncpg.Connection, history: int, live: int) -> dict[str, i
     await conn.execute(
         f"""INSERT INTO {SCHEMA}.job_history (id, finished_at, run_at, enqueued_at,
                 attempted_at, attempt, max_attempts, priority, state, reason, queue, kind,
-                tenant, owner, last_error, args, result)
+                tenant, owner, last_error, args, result, fingerprint)
             SELECT g, now() - (($1 - g) * (72000.0 / $1)) * interval '1 second',
                    now() - interval '21 hours', now() - interval '21 hours', now(),
                    1, 20, 0, s.state::{SCHEMA}.job_state,
@@ -85,7 +86,8 @@ async def load(conn: asyncpg.Connection, history: int, live: int) -> dict[str, i
                    CASE WHEN s.state = 'dead'
                         THEN 'ValueError: failure number ' || (g % 40) END,
                    jsonb_build_object('i', g, 'payload', repeat('x', 40)),
-                   CASE WHEN s.state = 'completed' THEN '{{"ok": true}}'::jsonb END
+                   CASE WHEN s.state = 'completed' THEN '{{"ok": true}}'::jsonb END,
+                   CASE WHEN s.state = 'dead' THEN left(md5('error ' || (g % 40)), 16) END
             FROM generate_series(1, $1) AS g,
                  LATERAL (SELECT CASE WHEN g % 100 < 93 THEN 'completed'
                                       WHEN g % 100 < 98 THEN 'dead'
@@ -94,10 +96,10 @@ async def load(conn: asyncpg.Connection, history: int, live: int) -> dict[str, i
     )
     await conn.execute(
         f"""INSERT INTO {SCHEMA}.job_attempt (job_id, failed_at, duration_s, attempt, queue,
-                kind, member, outcome, error_class, error_message, traceback)
+                kind, member, outcome, error_class, error_message, traceback, fingerprint)
             SELECT h.id, h.finished_at, 0.01, 1, h.queue, h.kind, 'bench-member', 'failed',
                    'ValueError', 'failure number ' || (h.id % 40),
-                   'Traceback (most recent call last):\n  ...\nValueError'
+                   'Traceback (most recent call last):\n  ...\nValueError', h.fingerprint
             FROM {SCHEMA}.job_history AS h WHERE h.state = 'dead'"""
     )
     await conn.execute(
@@ -194,8 +196,11 @@ async def pages(client: httpx.AsyncClient, ids: dict[str, int], n: int) -> dict[
         "dead (groups, 1 h)": "/dead",
         "dead (groups, 24 h)": "/dead?hours=24",
         "live fragment /jobs": "/jobs",  # as htmx polls it
+        "live fragment /": "/",
         "api status": "/api/status",
         "api jobs": "/api/jobs",
+        "api dead (dlq list)": "/api/dead",
+        "api dead groups 24 h": "/api/dead/groups?hours=24",
     }
     results: dict[str, Any] = {}
     for name, url in urls.items():
@@ -264,9 +269,18 @@ async def paging(client: httpx.AsyncClient, conn: asyncpg.Connection) -> dict[st
 async def refresher(client: httpx.AsyncClient, ids: dict[str, int], every_s: float,
                     stop: asyncio.Event, counter: list[int]) -> None:  # fmt: skip
     urls = ["/", "/jobs", f"/jobs/{ids['dead_job']}", "/members", "/cron", "/dead"]
+
+    async def poll(url: str) -> None:
+        try:
+            await client.get(url, headers={"hx-request": "true"})
+        except httpx.TransportError:
+            # The server closed the kept-alive connection as the request went out (its
+            # idle timeout, 5 s, is the refresh interval): a browser sends it again.
+            await client.get(url, headers={"hx-request": "true"})
+
     while not stop.is_set():
         started = time.monotonic()
-        await asyncio.gather(*(client.get(u, headers={"hx-request": "true"}) for u in urls))
+        await asyncio.gather(*(poll(u) for u in urls))
         counter[0] += len(urls)
         await asyncio.sleep(max(0.0, every_s - (time.monotonic() - started)))
 
@@ -327,14 +341,20 @@ async def main() -> None:
                     break
                 except httpx.TransportError:
                     await asyncio.sleep(0.1)
-            print(f"pages ({args.requests} requests each, server time):")
+            # The member (the fleet's leader: its queue_stats role publishes the live
+            # counts the overview shows) runs from here on, as it would beside a console.
+            member = Process([sys.executable, "-m", "pgjobd", "run", "--config", str(config)],
+                             env, work / "member.log")  # fmt: skip
+            await member.wait_event("member.ready", timeout_s=120)
+            for _ in range(300):  # its first count: within a tick of its election
+                if await conn.fetchval(f"SELECT count(*) FROM {SCHEMA}.queue_count"):
+                    break
+                await asyncio.sleep(0.2)
+            print(f"pages ({args.requests} requests each, server time; a leader running):")
             results["pages"] = await pages(http, ids, args.requests)
             print("keyset paging:")
             results["paging"] = await paging(http, conn)
 
-            member = Process([sys.executable, "-m", "pgjobd", "run", "--config", str(config)],
-                             env, work / "member.log")  # fmt: skip
-            await member.wait_event("member.ready", timeout_s=120)
             client = Client(pool, schema=SCHEMA)
             await drain_round(conn, client, min(2_000, args.drain_jobs))  # warm-up
             quiet, watched, fetched = [], [], [0]

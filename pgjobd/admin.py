@@ -400,14 +400,27 @@ async def _states(
 
 
 async def status(db: Db, schema: str, *, liveness: timedelta = MEMBER_LIVENESS) -> Status:
-    """Members, leader and queues, read in one snapshot."""
+    """Members, leader and queues, read in one snapshot; every live job counted now."""
+    return (await status_as_counted(db, schema, liveness=liveness))[0]
+
+
+async def status_as_counted(
+    db: Db,
+    schema: str,
+    *,
+    liveness: timedelta = MEMBER_LIVENESS,
+    published_within: timedelta | None = None,
+) -> tuple[Status, datetime | None]:
+    """`status`, with the live counts the leader last published (its queue_stats role)
+    when they are at most `published_within` old, and when they were counted; else (or
+    without `published_within`) counted now, and None. The web console's overview."""
     q = for_schema(schema)
     async with (
         _connection(db) as conn,
         conn.transaction(isolation="repeatable_read", readonly=True),
     ):
         members, leader = await _fleet(conn, q, schema, liveness)
-        queue_rows = await q.admin_status_queues(conn, liveness)
+        queue_rows = await q.admin_status_queues(conn, liveness, published_within)
         breaker_rows = await q.admin_status_breakers(conn)
     queues = {r.queue: _queue_status(r) for r in queue_rows}
     breakers = {
@@ -417,7 +430,9 @@ async def status(db: Db, schema: str, *, liveness: timedelta = MEMBER_LIVENESS) 
         )
         for r in breaker_rows
     }  # fmt: skip
-    return Status(members=members, leader=leader, queues=queues, breakers=breakers)
+    counted_at = queue_rows[0].counted_at if queue_rows else None
+    status = Status(members=members, leader=leader, queues=queues, breakers=breakers)
+    return status, counted_at
 
 
 async def fleet(
@@ -450,6 +465,7 @@ async def _fleet(
 
 def _queue_status(row: QueueStatusRow) -> QueueStatus:
     record = row._asdict()
+    del record["counted_at"]
     starts, window = record.pop("rate_limit"), record.pop("rate_window")
     record["limited"] = {
         "global_concurrency": record.pop("global_concurrency"),
@@ -747,7 +763,7 @@ async def list_cron(db: Db, schema: str) -> list[CronListed]:
         try:
             zone = cron_schedule.check(r.schedule, r.timezone)
             if r.enabled:
-                next_run = cron_schedule.next_slot(r.schedule, zone, r.now)
+                next_run = cron_schedule.next_slot_remembered(r.schedule, zone, r.now)
         except cron_schedule.ScheduleError as e:
             error = str(e)
         record = {**r._asdict(), "next_run": next_run, "error": error}

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -52,8 +53,11 @@ def zone_of(timezone: str) -> ZoneInfo:
         raise ScheduleError(f"unknown time zone {timezone!r}") from None
 
 
+@lru_cache(maxsize=1024)
 def check(schedule: str, timezone: str) -> ZoneInfo:
-    """The zone, after checking that the schedule parses and fires; else ScheduleError."""
+    """The zone, after checking that the schedule parses and fires; else ScheduleError.
+    Remembered (a failure is not): `cron list` and the console's cron page check every
+    schedule on every read, and parsing is most of their time."""
     zone = zone_of(timezone)
     try:
         croniter(schedule, datetime(2000, 1, 1)).get_next(datetime)
@@ -157,6 +161,26 @@ def next_slot(schedule: str, zone: ZoneInfo, after: datetime) -> datetime | None
             if instant > after and (best is None or instant < best):
                 best = instant
     return best
+
+
+_NEXT: dict[tuple[str, str], tuple[datetime, datetime]] = {}
+_NEXT_SIZE = 4096
+
+
+def next_slot_remembered(schedule: str, zone: ZoneInfo, after: datetime) -> datetime | None:
+    """next_slot, remembered per schedule and zone: a slot found after t is also the
+    first one after any later time before it, so `cron list` and the console's cron
+    page (every refresh) parse and walk a schedule once per slot, not once per read."""
+    key = (schedule, str(zone))
+    known = _NEXT.get(key)
+    if known is not None and known[0] <= after < known[1]:
+        return known[1]
+    found = next_slot(schedule, zone, after)
+    if found is not None:
+        if len(_NEXT) >= _NEXT_SIZE:
+            _NEXT.clear()
+        _NEXT[key] = (after, found)
+    return found
 
 
 @dataclass(frozen=True)

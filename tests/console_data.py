@@ -10,11 +10,16 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from pgjobd import fingerprint as fingerprints
+
 HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'
 KIND = "hostile.kind"
 TENANT = f"tenant {HOSTILE}"
 ERROR_CLASS = "ValueError"
 ERROR_MESSAGE = f"bad input {HOSTILE}"
+# Reasons a job dies for without a failed attempt, so without a fingerprint.
+NO_ATTEMPT = ("expired", "dependency_failed")
+FINGERPRINT = fingerprints.fingerprint(ERROR_CLASS, ERROR_MESSAGE, "h:handle")
 TRACEBACK = f'Traceback (most recent call last):\n  File "h.py", line 1\nValueError: {HOSTILE}'
 
 
@@ -41,24 +46,30 @@ async def enqueue_one(
 
 async def finish(
     conn: asyncpg.Connection, schema: str, job_id: int, reason: str | None,
-    error: str | None = None, result: str | None = None,
+    error: str | None = None, result: str | None = None, fingerprint: str | None = None,
 ) -> None:  # fmt: skip
-    """Ends a live job as job_fail_many or job_complete_many would (job_finish)."""
+    """Ends a live job as job_fail_many or job_complete_many would (job_finish), with
+    its last attempt's error fingerprint: by default, for a job that died of an error
+    ("Class: message"), the fingerprint the failure path would give it."""
+    if fingerprint is None and error and reason not in (None, "cancelled", *NO_ATTEMPT):
+        error_class, _, message = error.partition(": ")
+        fingerprint = fingerprints.fingerprint(error_class, message, "h:handle")
     await conn.execute(
         f"""WITH gone AS (DELETE FROM {schema}.job AS j WHERE j.id = $1 RETURNING j)
             SELECT {schema}.job_finish(array_agg(g.j), ARRAY[$2::text], ARRAY[$3::text],
-                                       ARRAY[$4::jsonb]) FROM gone AS g""",
-        job_id, reason, error, result,
+                                       ARRAY[$4::jsonb], NULL, ARRAY[$5::text])
+            FROM gone AS g""",
+        job_id, reason, error, result, fingerprint,
     )  # fmt: skip
 
 
 async def fail_attempt(conn: asyncpg.Connection, schema: str, job_id: int, attempt: int) -> None:
     await conn.execute(
         f"""INSERT INTO {schema}.job_attempt (job_id, duration_s, attempt, queue, kind,
-                member, outcome, error_class, error_message, traceback)
-            SELECT id, 0.25, $2, queue, kind, $3, 'failed', $4, $5, $6
+                member, outcome, error_class, error_message, traceback, fingerprint)
+            SELECT id, 0.25, $2, queue, kind, $3, 'failed', $4, $5, $6, $7
             FROM {schema}.job WHERE id = $1""",
-        job_id, attempt, f"member {HOSTILE}", ERROR_CLASS, ERROR_MESSAGE, TRACEBACK,
+        job_id, attempt, f"member {HOSTILE}", ERROR_CLASS, ERROR_MESSAGE, TRACEBACK, FINGERPRINT,
     )  # fmt: skip
     await conn.execute(
         f"UPDATE {schema}.job SET attempt = $2, last_error = $3 WHERE id = $1",
@@ -78,7 +89,10 @@ async def populate(conn: asyncpg.Connection, schema: str, queue: str = "default"
     ids["dead"] = await enqueue(conn, schema)
     await fail_attempt(conn, schema, ids["dead"], 1)
     await fail_attempt(conn, schema, ids["dead"], 2)
-    await finish(conn, schema, ids["dead"], "attempts_exhausted", f"{ERROR_CLASS}: {ERROR_MESSAGE}")
+    await finish(
+        conn, schema, ids["dead"], "attempts_exhausted", f"{ERROR_CLASS}: {ERROR_MESSAGE}",
+        fingerprint=FINGERPRINT,
+    )  # fmt: skip
     ids["cancelled"] = await enqueue(conn, schema)
     await finish(conn, schema, ids["cancelled"], "cancelled")
     ids["scheduled"] = await enqueue(conn, schema, delay="1 hour")

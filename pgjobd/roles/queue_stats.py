@@ -1,6 +1,8 @@
 """Queue statistics: the fleet-wide gauges (pgjobd_queue_jobs, per tenant too in queues
 with fair or tenant_concurrency; ..._oldest_available_age) that only the leader exports,
-read every INTERVAL_S. Writes nothing."""
+counted every INTERVAL_S. The same count is published in <schema>.queue_count (fenced: a
+deposed leader's count is rolled back), which the web console's overview reads instead
+of counting the live jobs itself."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import ClassVar
 
 from pgjobd import db, metrics
 from pgjobd.config import Config
-from pgjobd.roles import RoleContext
+from pgjobd.roles import RoleContext, fenced
 from pgjobd.statements.leader import QueueStatRow, QueueTenantStatRow
 
 INTERVAL_S = 5.0
@@ -21,8 +23,8 @@ class QueueStats:
         return INTERVAL_S
 
     async def tick(self, ctx: RoleContext) -> None:
-        async with db.acquire(ctx.pool) as conn:
-            rows = await ctx.queries.queue_stats(conn, list(ctx.config.queues))
+        async with db.acquire(ctx.pool) as conn, fenced(conn, ctx):
+            rows = await ctx.queries.queue_stats_publish(conn, list(ctx.config.queues))
             tenant_rows = (
                 await ctx.queries.queue_tenant_stats(conn, metrics.TENANTS_SHOWN)
                 if any(row.by_tenant for row in rows)

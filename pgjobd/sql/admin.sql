@@ -68,22 +68,47 @@ ORDER BY k.name;
 -- name: admin_status_queues
 -- Per queue: live counts by state, the oldest available job's age (s, NULL when none
 -- is available), paused, dead jobs of the last hour and completions per second over
--- the last minute, and its fleet-wide limits (migration 0007; NULL: none). Lists every queue that has live jobs, is served by a live member
--- (heartbeat within $1), finished jobs in the last hour, or is paused.
--- $1 liveness (interval)
-WITH live AS (
-    SELECT * FROM {{schema}}.queue_depth
-), finished AS (
-    -- finished_at prunes to the newest partitions; the BRIN index on finished_at
-    -- (0003_audit.sql) finds the last hour's pages in them.
-    SELECT h.queue,
-           count(*) FILTER (WHERE h.state = 'dead') AS dead_last_hour,
-           count(*) FILTER (WHERE h.state = 'completed'
-                              AND h.finished_at > now() - interval '60 seconds')
-               AS completed_last_minute
+-- the last minute, and its fleet-wide limits (migration 0007; NULL: none). Lists every
+-- queue that has live jobs, is served by a live member (heartbeat within $1), finished
+-- jobs in the last hour (dead ones, completed ones in the last minute, or any by the
+-- leader's samples), or is paused.
+-- With $2, the live counts are the leader's last published ones (queue_count, migration
+-- 0019) when they are at most $2 old, and counted_at says when they were counted; else
+-- (and always without $2, as `pgjobd status`) every live job is counted now and
+-- counted_at is NULL. The count is not started when the published counts are used.
+-- $1 liveness (interval), $2 published counts at most this old (NULL: count now)
+WITH published AS (
+    SELECT c.queue, c.available, c.scheduled, c.running, c.retryable,
+           c.oldest_available_at, c.blocked, c.counted_at
+    FROM {{schema}}.queue_count AS c
+    WHERE $2::interval IS NOT NULL
+      AND c.counted_at = (SELECT max(x.counted_at) FROM {{schema}}.queue_count AS x)
+      AND c.counted_at > now() - $2::interval
+), live AS (
+    SELECT * FROM published
+    UNION ALL
+    SELECT d.queue, d.available, d.scheduled, d.running, d.retryable,
+           d.oldest_available_at, d.blocked, NULL::timestamptz
+    FROM {{schema}}.queue_depth AS d
+    WHERE NOT EXISTS (SELECT FROM published)
+), died AS (
+    -- Only the dead records of the hour, from their own index (job_history_dead_at_idx,
+    -- migration 0019), not every record of the hour.
+    SELECT h.queue, count(*) AS dead_last_hour
     FROM {{schema}}.job_history AS h
-    WHERE h.finished_at > now() - interval '1 hour'
+    WHERE h.state = 'dead' AND h.finished_at > now() - interval '1 hour'
     GROUP BY h.queue
+), completed AS (
+    -- finished_at prunes to the newest partition; the BRIN index on finished_at
+    -- (0003_audit.sql) finds the last minute's pages in it.
+    SELECT h.queue, count(*) AS completed_last_minute
+    FROM {{schema}}.job_history AS h
+    WHERE h.state = 'completed' AND h.finished_at > now() - interval '60 seconds'
+    GROUP BY h.queue
+), finished AS (
+    SELECT queue, coalesce(d.dead_last_hour, 0) AS dead_last_hour,
+           coalesce(c.completed_last_minute, 0) AS completed_last_minute
+    FROM died AS d FULL JOIN completed AS c USING (queue)
 ), served AS (
     SELECT DISTINCT unnest(m.queues) AS queue
     FROM {{schema}}.member AS m
@@ -92,6 +117,10 @@ WITH live AS (
     SELECT queue FROM live
     UNION SELECT queue FROM served
     UNION SELECT queue FROM finished
+    -- (the queues that finished any job in the hour, by the leader's samples: cheaper
+    -- than reading the hour's records for their queue names)
+    UNION SELECT s.queue FROM {{schema}}.queue_sample AS s
+          WHERE s.at > now() - interval '1 hour' AND s.completed + s.dead + s.cancelled > 0
     UNION SELECT q.name FROM {{schema}}.queue AS q WHERE q.paused
 )
 SELECT n.queue,
@@ -108,7 +137,8 @@ SELECT n.queue,
        coalesce(f.completed_last_minute, 0) / 60.0::float8 AS throughput_per_s,
        q.global_concurrency, q.rate_limit, q.rate_window, q.max_depth,
        coalesce(l.blocked, 0) AS blocked, q.tenant_concurrency,
-       coalesce(q.fair, false) AS fair
+       coalesce(q.fair, false) AS fair,
+       (SELECT max(p.counted_at) FROM published AS p) AS counted_at
 FROM named AS n
 LEFT JOIN live AS l USING (queue)
 LEFT JOIN finished AS f USING (queue)
@@ -259,40 +289,70 @@ SELECT ARRAY(SELECT r.id FROM revived AS r ORDER BY r.id) AS ids,
 
 -- name: admin_dlq_list
 -- Dead jobs, most recently dead first, with the args fields their kind redacts, each
--- with the fingerprint of its last failed attempt (NULL: it ended without one, e.g.
--- expired or dependency_failed).
+-- with the fingerprint of its last failed attempt (job_history.fingerprint, migration
+-- 0019; NULL: it ended without one, e.g. expired or dependency_failed).
 -- $1 kind (NULL: any), $2 queue (NULL: any), $3 dead since (NULL: ever), $4 limit,
 -- $5 fingerprint (NULL: any)
 SELECT h.id, h.kind, h.queue, h.attempt, h.max_attempts, h.reason, h.finished_at,
        h.enqueued_at, h.last_error, h.args::text AS args,
        (SELECT k.redact FROM {{schema}}.kind AS k WHERE k.name = h.kind) AS redact,
-       a.fingerprint
+       h.fingerprint
 FROM {{schema}}.job_history AS h
-CROSS JOIN LATERAL (SELECT {{schema}}.job_fingerprint(h.id) AS fingerprint) AS a
 WHERE h.state = 'dead'
   AND ($1::text IS NULL OR h.kind = $1::text)
   AND ($2::text IS NULL OR h.queue = $2::text)
   AND ($3::timestamptz IS NULL OR h.finished_at >= $3::timestamptz)
-  AND ($5::text IS NULL OR a.fingerprint = $5::text)
+  AND ($5::text IS NULL OR h.fingerprint = $5::text)
 ORDER BY h.finished_at DESC, h.id DESC
 LIMIT $4;
 
 -- name: admin_dlq_groups
--- Every matching dead job, grouped by the fingerprint of its last failed attempt (and
--- the reason it ended): how many, of which kinds, when the latest died, and the latest
--- one's error. Largest groups first.
--- $1 kind (NULL: any), $2 queue (NULL: any), $3 dead since (NULL: ever)
-SELECT a.fingerprint, h.reason, count(*) AS jobs, array_agg(DISTINCT h.kind) AS kinds,
-       max(h.finished_at) AS last_dead_at,
-       (array_agg(h.last_error ORDER BY h.finished_at DESC))[1] AS last_error
-FROM {{schema}}.job_history AS h
-CROSS JOIN LATERAL (SELECT {{schema}}.job_fingerprint(h.id) AS fingerprint) AS a
-WHERE h.state = 'dead'
-  AND ($1::text IS NULL OR h.kind = $1::text)
-  AND ($2::text IS NULL OR h.queue = $2::text)
-  AND ($3::timestamptz IS NULL OR h.finished_at >= $3::timestamptz)
-GROUP BY a.fingerprint, h.reason
-ORDER BY count(*) DESC, max(h.finished_at) DESC;
+-- Every matching dead job, grouped by the fingerprint of its last failed attempt and
+-- the reason it ended (job_history.fingerprint, migration 0019; the group's key is
+-- dead_group_key): how many, of which kinds and queues, when the first and the latest
+-- died, and the latest one's id and error. Largest groups first, at most $4. `dlq list`
+-- and the web console's dead jobs page (over its window) read this one statement. The
+-- groups are counted from the dead jobs' index alone (job_history_dead_at_idx: an
+-- index-only scan), by (fingerprint, reason, kind, queue) first so that only those few
+-- rows are sorted for the arrays; only each group's latest record is read from the
+-- table, for its error (its finished_at names its partition).
+-- $1 kind (NULL: any), $2 queue (NULL: any), $3 dead since (NULL: ever), $4 at most this
+-- many groups (NULL: all)
+WITH per AS (
+    SELECT h.fingerprint, h.reason, h.kind, h.queue, count(*) AS jobs,
+           min(h.finished_at) AS first_at, max(h.finished_at) AS last_at
+    FROM {{schema}}.job_history AS h
+    WHERE h.state = 'dead'
+      AND ($1::text IS NULL OR h.kind = $1::text)
+      AND ($2::text IS NULL OR h.queue = $2::text)
+      AND ($3::timestamptz IS NULL OR h.finished_at >= $3::timestamptz)
+    GROUP BY 1, 2, 3, 4
+), groups AS (
+    SELECT p.fingerprint, p.reason, sum(p.jobs)::bigint AS jobs,
+           array_agg(DISTINCT p.kind ORDER BY p.kind) AS kinds,
+           array_agg(DISTINCT p.queue ORDER BY p.queue) AS queues,
+           min(p.first_at) AS first_at, max(p.last_at) AS last_dead_at
+    FROM per AS p
+    GROUP BY p.fingerprint, p.reason
+    ORDER BY jobs DESC, last_dead_at DESC
+    LIMIT $4
+)
+SELECT g.fingerprint, g.reason, g.jobs, g.kinds, g.last_dead_at, n.last_error,
+       {{schema}}.dead_group_key(g.fingerprint, g.reason) AS key, g.queues, g.first_at,
+       n.id AS newest_id
+FROM groups AS g
+CROSS JOIN LATERAL (
+    SELECT h.id, h.last_error
+    FROM {{schema}}.job_history AS h
+    WHERE h.state = 'dead' AND h.finished_at = g.last_dead_at
+      AND h.fingerprint IS NOT DISTINCT FROM g.fingerprint
+      AND h.reason IS NOT DISTINCT FROM g.reason
+      AND ($1::text IS NULL OR h.kind = $1::text)
+      AND ($2::text IS NULL OR h.queue = $2::text)
+    ORDER BY h.id DESC
+    LIMIT 1
+) AS n
+ORDER BY g.jobs DESC, g.last_dead_at DESC;
 
 -- name: admin_dlq_ids
 -- The dead jobs a redrive takes (then admin_jobs_revive, in the same transaction).
@@ -304,17 +364,17 @@ WHERE h.state = 'dead'
   AND ($1::text IS NULL OR h.kind = $1::text)
   AND ($2::text IS NULL OR h.queue = $2::text)
   AND ($3::timestamptz IS NULL OR h.finished_at >= $3::timestamptz)
-  AND ($4::text IS NULL OR {{schema}}.job_fingerprint(h.id) = $4::text)
+  AND ($4::text IS NULL OR h.fingerprint = $4::text)
 ORDER BY h.id;
 
 -- name: admin_dlq_group_ids
--- The dead jobs of one group (web_dead_groups in web.sql: dead_group_key, migration
--- 0009) that died within $2, for a redrive of the group.
+-- The dead jobs of one group (admin_dlq_groups' key: dead_group_key, migration 0019:
+-- fingerprint and reason) that died within $2, for a redrive of the group.
 -- $1 group key, $2 window (interval)
 SELECT h.id
 FROM {{schema}}.job_history AS h
 WHERE h.state = 'dead' AND h.finished_at > now() - $2::interval
-  AND {{schema}}.dead_group_key(h.last_error) = $1::text
+  AND {{schema}}.dead_group_key(h.fingerprint, h.reason) = $1::text
 ORDER BY h.id;
 
 -- name: admin_queue_set_paused

@@ -263,10 +263,11 @@ WITH o AS (
     RETURNING j AS job, j.id, j.fence, j.attempt, j.queue, j.kind,
               {{schema}}.job_end_reason(o.outcome, j.attempt, j.max_attempts, j.crashes,
                                         o.max_crashes, j.cancel_requested) AS reason,
-              concat_ws(': ', o.error_class, o.error_message) AS error, o.keep
+              concat_ws(': ', o.error_class, o.error_message) AS error, o.keep,
+              o.fingerprint
 ), buried AS (
     SELECT {{schema}}.job_finish(array_agg(d.job), array_agg(d.reason), array_agg(d.error),
-                                 NULL, array_agg(d.keep))
+                                 NULL, array_agg(d.keep), array_agg(d.fingerprint))
     FROM died AS d
 ), recorded AS (
     SELECT r.id, r.fence, r.attempt, r.queue, r.kind, NULL::text AS reason FROM retried AS r

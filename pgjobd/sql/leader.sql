@@ -116,7 +116,8 @@ WITH expired AS (
 ), buried AS (
     SELECT {{schema}}.job_finish(
         array_agg(d.job), array_agg(d.reason),
-        array_agg('LeaseExpired: member ' || d.lost_by || ' stopped renewing the lease')
+        array_agg('LeaseExpired: member ' || d.lost_by || ' stopped renewing the lease'),
+        NULL, NULL, array_agg($7::text)
     ) AS written
     FROM died AS d
 ), attempts AS (
@@ -158,7 +159,9 @@ WITH expired AS (
 ), buried AS (
     SELECT {{schema}}.job_finish(
         array_agg(d.job), array_agg('expired'::text),
-        array_agg(format('Expired: not started by %s', (d.job).expires_at))
+        array_agg(format('Expired: not started by %s', (d.job).expires_at)),
+        -- (a job that failed before it expired keeps its last attempt's fingerprint)
+        NULL, NULL, array_agg({{schema}}.job_fingerprint((d.job).id))
     ) AS written
     FROM died AS d
 )
@@ -195,13 +198,13 @@ FROM {{schema}}.job AS j
 WHERE j.state = 'running'
 HAVING count(*) > 0;
 
--- name: queue_stats
--- For the leader's metrics: per queue, live jobs by state, the oldest available job's
--- age (s; NULL when none is available), whether it is paused and whether its depth is
--- broken down by tenant (fair or tenant_concurrency: queue_tenant_stats). Lists the
--- queues with live jobs, the paused ones and those named in $1 (the leader's configured
--- queues).
--- Read-only, so unfenced.
+-- name: queue_stats_publish
+-- For the leader's metrics and the web console's overview: per queue, live jobs by
+-- state, the oldest available job's age (s; NULL when none is available), whether it is
+-- paused and whether its depth is broken down by tenant (fair or tenant_concurrency:
+-- queue_tenant_stats). Lists the queues with live jobs, the paused ones and those named
+-- in $1 (the leader's configured queues), and publishes the counts in queue_count (the
+-- web console's migration), replacing what the last count wrote. Run inside `fenced`.
 -- $1 queue names
 WITH live AS (
     SELECT * FROM {{schema}}.queue_depth
@@ -209,21 +212,40 @@ WITH live AS (
     SELECT queue FROM live
     UNION SELECT unnest($1::text[])
     UNION SELECT q.name FROM {{schema}}.queue AS q WHERE q.paused
+), counted AS (
+    SELECT n.queue,
+           coalesce(l.available, 0) AS available,
+           coalesce(l.scheduled, 0) AS scheduled,
+           coalesce(l.running, 0) AS running,
+           coalesce(l.retryable, 0) AS retryable,
+           l.oldest_available_at,
+           coalesce(q.paused, false) AS paused,
+           coalesce(l.blocked, 0) AS blocked,
+           coalesce(q.fair OR q.tenant_concurrency IS NOT NULL, false) AS by_tenant
+    FROM named AS n
+    LEFT JOIN live AS l USING (queue)
+    LEFT JOIN {{schema}}.queue AS q ON q.name = n.queue
+), gone AS (
+    DELETE FROM {{schema}}.queue_count AS c
+    WHERE c.queue NOT IN (SELECT queue FROM counted)
+), published AS (
+    INSERT INTO {{schema}}.queue_count AS c (queue, available, scheduled, running,
+        retryable, blocked, oldest_available_at, counted_at)
+    SELECT queue, available, scheduled, running, retryable, blocked, oldest_available_at,
+           now()
+    FROM counted
+    ON CONFLICT (queue) DO UPDATE
+    SET available = excluded.available, scheduled = excluded.scheduled,
+        running = excluded.running, retryable = excluded.retryable,
+        blocked = excluded.blocked, oldest_available_at = excluded.oldest_available_at,
+        counted_at = excluded.counted_at
 )
-SELECT n.queue,
-       coalesce(l.available, 0) AS available,
-       coalesce(l.scheduled, 0) AS scheduled,
-       coalesce(l.running, 0) AS running,
-       coalesce(l.retryable, 0) AS retryable,
-       greatest(0, extract(epoch FROM now() - l.oldest_available_at))::float8
+SELECT c.queue, c.available, c.scheduled, c.running, c.retryable,
+       greatest(0, extract(epoch FROM now() - c.oldest_available_at))::float8
            AS oldest_available_age_s,
-       coalesce(q.paused, false) AS paused,
-       coalesce(l.blocked, 0) AS blocked,
-       coalesce(q.fair OR q.tenant_concurrency IS NOT NULL, false) AS by_tenant
-FROM named AS n
-LEFT JOIN live AS l USING (queue)
-LEFT JOIN {{schema}}.queue AS q ON q.name = n.queue
-ORDER BY n.queue;
+       c.paused, c.blocked, c.by_tenant
+FROM counted AS c
+ORDER BY c.queue;
 
 -- name: queue_tenant_stats
 -- For the leader's metrics: live jobs by tenant and state of the queues with a

@@ -84,7 +84,7 @@ GRANT EXECUTE ON FUNCTION
                             integer)
     TO {{schema}}_producer, {{schema}}_admin, {{schema}}_worker;
 GRANT EXECUTE ON FUNCTION
-    {{schema}}.job_finish(anyarray, text[], text[], jsonb[], boolean[]),
+    {{schema}}.job_finish(anyarray, text[], text[], jsonb[], boolean[], text[]),
     -- Called by job_finish: releases or fails the dependants (migration 0010).
     {{schema}}.job_settle(bigint[], text[]),
     {{schema}}.job_end_reason(text, integer, integer, integer, integer, boolean)
@@ -108,7 +108,7 @@ GRANT EXECUTE ON FUNCTION
     {{schema}}.fair_tenant_fill(text),
     {{schema}}.job_fair_tenants(text, text, text, integer)
     TO {{schema}}_worker;
--- The console's dead-job groups (migration 0009), read with the reader's rights.
+-- The dead-job groups' key (migration 0019: `dlq list` and the console), read with the reader's rights.
 GRANT EXECUTE ON FUNCTION {{schema}}.dead_group_key(text, text)
     TO {{schema}}_readonly, {{schema}}_admin;
 -- The COPY path's round trip before its COPY, and what it calls, with the caller's
@@ -153,6 +153,8 @@ GRANT INSERT, UPDATE, DELETE ON {{schema}}.fair_pass, {{schema}}.tenant_weight
     TO {{schema}}_worker;
 -- The leader's queue sampler records and trims the console's chart samples.
 GRANT INSERT, DELETE ON {{schema}}.queue_sample TO {{schema}}_worker;
+-- The leader's queue_stats role publishes its live counts (the console's overview).
+GRANT INSERT, UPDATE, DELETE ON {{schema}}.queue_count TO {{schema}}_worker;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA {{schema}} TO {{schema}}_admin, {{schema}}_worker;
 
 -- The admin CLI's audit trail, retry/redrive (which move final records back) and scrub

@@ -11,31 +11,6 @@ FROM {{schema}}.job_attempt AS a
 WHERE a.job_id = $1
 ORDER BY a.attempt, a.failed_at;
 
--- name: web_dead_groups
--- Dead jobs that died within $1, grouped by dead_group_key (migration 0009): the
--- biggest group first, each with its kinds and queues, when it first and last died,
--- an error of the group (the same text throughout while the key is the error) and its
--- newest job's id. Aggregated by (key, kind, queue) first, so that only those few rows
--- are sorted for the arrays; finished_at prunes to the window's partitions.
--- $1 window (interval), $2 how many groups
-WITH per AS (
-    SELECT {{schema}}.dead_group_key(h.last_error) AS key, h.kind, h.queue,
-           count(*) AS jobs, min(h.finished_at) AS first_at, max(h.finished_at) AS last_at,
-           min(h.last_error) AS error, max(h.id) AS newest_id
-    FROM {{schema}}.job_history AS h
-    WHERE h.state = 'dead' AND h.finished_at > now() - $1::interval
-    GROUP BY 1, 2, 3
-)
-SELECT p.key, sum(p.jobs)::bigint AS jobs,
-       array_agg(DISTINCT p.kind ORDER BY p.kind) AS kinds,
-       array_agg(DISTINCT p.queue ORDER BY p.queue) AS queues,
-       min(p.first_at) AS first_at, max(p.last_at) AS last_at, min(p.error) AS error,
-       max(p.newest_id) AS newest_id
-FROM per AS p
-GROUP BY p.key
-ORDER BY jobs DESC, last_at DESC
-LIMIT $2;
-
 -- name: web_samples
 -- The queue samples (roles/samples.py) of the last $1, summed over the queues named in
 -- $2 (NULL: all), oldest first, with the database's now.

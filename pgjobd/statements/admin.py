@@ -42,6 +42,7 @@ class QueueStatusRow(NamedTuple):
     blocked: int = 0
     tenant_concurrency: int | None = None
     fair: bool = False
+    counted_at: datetime | None = None  # the leader's published counts' time (None: now)
 
 
 class JobListRow(NamedTuple):
@@ -126,6 +127,10 @@ class DeadGroupRow(NamedTuple):
     kinds: list[str]
     last_dead_at: datetime
     last_error: str | None
+    key: str  # dead_group_key: "<fingerprint>.<reason>"
+    queues: list[str]
+    first_at: datetime
+    newest_id: int
 
 
 class PausedRow(NamedTuple):
@@ -212,8 +217,10 @@ class AdminStatements(Rendered):
         return row_of(LeaderRow, record)
 
     @statement("admin_status_queues")
-    async def admin_status_queues(self, conn: Conn, liveness: timedelta) -> list[QueueStatusRow]:
-        records = await conn.fetch(self.sql("admin_status_queues"), liveness)
+    async def admin_status_queues(
+        self, conn: Conn, liveness: timedelta, published_within: timedelta | None = None
+    ) -> list[QueueStatusRow]:
+        records = await conn.fetch(self.sql("admin_status_queues"), liveness, published_within)
         return rows_of(QueueStatusRow, records)
 
     @statement("admin_jobs_list")
@@ -265,9 +272,10 @@ class AdminStatements(Rendered):
 
     @statement("admin_dlq_groups")
     async def admin_dlq_groups(
-        self, conn: Conn, kind: str | None, queue: str | None, since: datetime | None
-    ) -> list[DeadGroupRow]:
-        records = await conn.fetch(self.sql("admin_dlq_groups"), kind, queue, since)
+        self, conn: Conn, kind: str | None, queue: str | None, since: datetime | None,
+        limit: int | None = None,
+    ) -> list[DeadGroupRow]:  # fmt: skip
+        records = await conn.fetch(self.sql("admin_dlq_groups"), kind, queue, since, limit)
         return rows_of(DeadGroupRow, records)
 
     @statement("admin_dlq_ids")

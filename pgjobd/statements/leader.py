@@ -146,9 +146,9 @@ class LeaderStatements(Rendered):
         seconds: float | None = await conn.fetchval(self.sql("job_next_lease_expiry"), term, lease)
         return seconds
 
-    @statement("queue_stats")
-    async def queue_stats(self, conn: Conn, queues: Sequence[str]) -> list[QueueStatRow]:
-        return rows_of(QueueStatRow, await conn.fetch(self.sql("queue_stats"), queues))
+    @statement("queue_stats_publish")
+    async def queue_stats_publish(self, conn: Conn, queues: Sequence[str]) -> list[QueueStatRow]:
+        return rows_of(QueueStatRow, await conn.fetch(self.sql("queue_stats_publish"), queues))
 
     @statement("queue_tenant_stats")
     async def queue_tenant_stats(self, conn: Conn, shown: int) -> list[QueueTenantStatRow]:

@@ -21,17 +21,6 @@ class AttemptRow(NamedTuple):
     fingerprint: str | None
 
 
-class DeadGroupRow(NamedTuple):
-    key: str
-    jobs: int
-    kinds: list[str]
-    queues: list[str]
-    first_at: datetime
-    last_at: datetime
-    error: str | None
-    newest_id: int
-
-
 class SampleRow(NamedTuple):
     at: datetime
     available: int
@@ -47,13 +36,6 @@ class WebStatements(Rendered):
     @statement("web_job_attempts")
     async def web_job_attempts(self, conn: Conn, job_id: int) -> list[AttemptRow]:
         return rows_of(AttemptRow, await conn.fetch(self.sql("web_job_attempts"), job_id))
-
-    @statement("web_dead_groups")
-    async def web_dead_groups(
-        self, conn: Conn, within: timedelta, limit: int
-    ) -> list[DeadGroupRow]:
-        records = await conn.fetch(self.sql("web_dead_groups"), within, limit)
-        return rows_of(DeadGroupRow, records)
 
     @statement("web_samples")
     async def web_samples(

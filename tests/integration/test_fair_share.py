@@ -178,7 +178,7 @@ async def test_a_new_tenant_behind_a_big_backlog_starts_within_the_bound(
 async def test_a_queue_made_fair_on_an_empty_table_marks_new_jobs_at_once(
     conn: asyncpg.Connection, schema: str
 ) -> None:
-    """Regression (issue 12, migration 0015): made fair while the job table was empty
+    """Regression (issue 12, migration 0018): made fair while the job table was empty
     and ids were past 50,000, the claims marked from id 0 at 10,000 ids a claim; the
     jobs meanwhile ran unmarked in queue order, charged to their tenant (a: 50 of the
     first 50 starts, then none)."""
@@ -198,7 +198,7 @@ async def test_a_queue_made_fair_on_an_empty_table_marks_new_jobs_at_once(
 async def test_a_tenant_with_a_trickle_of_jobs_banks_no_share(
     conn: asyncpg.Connection, schema: str
 ) -> None:
-    """Regression (issue 12, migration 0015): a tenant that ran out of jobs in each claim
+    """Regression (issue 12, migration 0018): a tenant that ran out of jobs in each claim
     kept its pass while the rest of its share went to the others, and fair_vtime stayed
     at its pass; after 20 claims it was 120 starts behind and, once backlogged, took the
     next 60 starts alone. Idle time is not banked: it rejoins at the others' pass."""
@@ -403,10 +403,10 @@ class FairQueue(RuleBasedStateMachine):
     @rule()
     def window(self) -> None:
         """With every tenant backlogged, shares converge: the 60 starts after a margin of
-        60 split by weight within a few starts each. (Before migration 0015 a history
+        60 split by weight within a few starts each. (Before migration 0018 a history
         could leave one tenant's pass far from the others', and even the margin did not
         help: 4 or 20 of 60 starts for one of five equal tenants; see docs/decisions.md.
-        Without the margin, 100 examples passed on 0015.)"""
+        Without the margin, 100 examples passed on 0018.)"""
         for tenant in ["a", "b", "c", "d", ""]:
             if self.waiting[tenant] < 160:
                 self.arrive(tenant, 160 - self.waiting[tenant])

@@ -600,3 +600,35 @@ async def test_dependencies_made_before_the_flag_existed_are_settled(
         f"SELECT state::text FROM {scratch_schema}.job WHERE id = $1", child
     )
     assert job.id == parent and state == "available"
+
+
+async def test_the_web_console_migration_gives_old_dead_records_their_last_fingerprint(
+    conn: asyncpg.Connection, scratch_schema: str
+) -> None:
+    """Dead records written before job_history had a fingerprint get their last failed
+    attempt's (what job_fingerprint(id) answered), so `dlq list` and the console group
+    them as before; other records get none."""
+    s = scratch_schema
+    ours = next(m for m in migrate.available() if m.name == "web_console")
+    await _apply_unverified(conn, s, [m for m in migrate.available() if m.version < ours.version])
+    await conn.execute(f"SELECT {s}.partitions_ensure(1)")
+    await conn.execute(
+        f"""INSERT INTO {s}.job_history (id, finished_at, run_at, enqueued_at, attempt,
+                max_attempts, priority, state, reason, queue, kind, owner, args)
+            VALUES (1, now(), now(), now(), 2, 2, 0, 'dead', 'attempts_exhausted', 'q', 'k',
+                    'm', '{{}}'),
+                   (2, now(), now(), now(), 1, 1, 0, 'completed', NULL, 'q', 'k', 'm', '{{}}'),
+                   (3, now(), now(), now(), 0, 1, 0, 'dead', 'expired', 'q', 'k', 'm', '{{}}')"""
+    )
+    await conn.execute(
+        f"""INSERT INTO {s}.job_attempt (job_id, attempt, queue, kind, outcome, fingerprint)
+            VALUES (1, 1, 'q', 'k', 'failed', 'first'), (1, 2, 'q', 'k', 'failed', 'last'),
+                   (2, 1, 'q', 'k', 'failed', 'retried')"""
+    )
+
+    assert await migrate.migrate(conn, s) == [m.version for m in migrate.available()
+                                              if m.version >= ours.version]  # fmt: skip
+
+    rows = await conn.fetch(f"SELECT id, fingerprint FROM {s}.job_history ORDER BY id")
+    assert [(r["id"], r["fingerprint"]) for r in rows] == [(1, "last"), (2, None), (3, None)]
+    assert not (await migrate.verify(conn, s)).broken

@@ -124,3 +124,6 @@ async def test_lost_leases_of_different_members_share_one_fingerprint(
     assert {r["fingerprint"] for r in rows} == {fingerprint.LEASE_EXPIRED}
     [group] = await world.q.admin_dlq_groups(conn, None, None, None)
     assert (group.fingerprint, group.jobs) == (fingerprint.LEASE_EXPIRED, 2)
+    # ...kept on the final records (migration 0019), which `dlq list` groups by.
+    kept = await conn.fetch(f"SELECT fingerprint FROM {schema}.job_history WHERE state = 'dead'")
+    assert [r["fingerprint"] for r in kept] == [fingerprint.LEASE_EXPIRED] * 2

@@ -53,6 +53,7 @@ ROLE_MATRIX: dict[str, dict[str, set[str]]] = {
                              "worker": {"SELECT", "DELETE"}},
     "table queue_sample": {"producer": NONE, "readonly": READ, "admin": READ,
                            "worker": {"SELECT", "INSERT", "DELETE"}},
+    "table queue_count": {"producer": NONE, "readonly": READ, "admin": READ, "worker": WRITE},
     "table queue_enqueued": {"producer": NONE, "readonly": READ, "admin": READ,
                              "worker": READ},
     "table queue_depth": {"producer": NONE, "readonly": READ, "admin": READ, "worker": READ},
@@ -100,7 +101,7 @@ ROLE_MATRIX |= {
     },
     "function job_defaults(text,smallint,integer,text,integer,timestamp with time zone,"
     "interval,integer)": _ENQUEUERS,
-    "function job_finish(anyarray,text[],text[],jsonb[],boolean[])": _FINISHERS,
+    "function job_finish(anyarray,text[],text[],jsonb[],boolean[],text[])": _FINISHERS,
     "function job_settle(bigint[],text[])": _FINISHERS,
     "function job_fingerprint(bigint)": {
         "producer": NONE,

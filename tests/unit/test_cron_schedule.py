@@ -15,6 +15,7 @@ from pgjobd.cron_schedule import (
     check,
     due_slots,
     next_slot,
+    next_slot_remembered,
     plan,
     repeats_in_overlap,
     slot_key,
@@ -216,3 +217,17 @@ def _transitions(zone: ZoneInfo, year: int) -> list[datetime]:
             found.append(t)
     assert len(found) == 2
     return found
+
+
+@given(
+    zone=st.sampled_from(ZONES), schedule=st.sampled_from(SCHEDULES), after=instants,
+    steps=st.lists(st.integers(min_value=-3 * 86400, max_value=2 * 86400), max_size=8),
+)  # fmt: skip
+def test_a_remembered_next_slot_is_always_the_next_slot(
+    zone: ZoneInfo, schedule: str, after: datetime, steps: list[int]
+) -> None:
+    """Reads at times moving forward past slots, and back before the remembered one."""
+    at = after
+    for step in [0, *steps]:
+        at += timedelta(seconds=step)
+        assert next_slot_remembered(schedule, zone, at) == next_slot(schedule, zone, at)
