@@ -73,6 +73,17 @@ async def _state(keeper: BreakerKeeper, ctx: RoleContext) -> tuple[str, str | No
     return row.state, row.change
 
 
+async def _half_open_and_claim(
+    conn: asyncpg.Connection, schema: str, ctx: RoleContext
+) -> tuple[BreakerKeeper, list[tuple[int, int]]]:
+    """An opened breaker past its 30 s cool-down, half-open, and what a flow claim took."""
+    keeper = await _open(conn, schema, ctx)
+    assert isinstance(keeper.clock, FakeClock)
+    keeper.clock.advance(seconds=31)
+    await _state(keeper, ctx)
+    return keeper, await _claim_flow(conn, for_schema(schema))
+
+
 async def _open(conn: asyncpg.Connection, schema: str, ctx: RoleContext) -> BreakerKeeper:
     """A breaker opened by 3 failed attempts (the window's threshold), on a clock an
     hour behind the database's (so that every real failure is after its changes)."""
@@ -150,11 +161,8 @@ async def test_the_probe_s_success_closes_it_and_failures_before_do_not_count_ag
     conn: asyncpg.Connection, schema: str, leading: RoleContext
 ) -> None:
     q = for_schema(schema)
-    keeper = await _open(conn, schema, leading)
-    assert isinstance(keeper.clock, FakeClock)
-    keeper.clock.advance(seconds=31)
-    await _state(keeper, leading)
-    [probe] = await _claim_flow(conn, q)
+    keeper, probes = await _half_open_and_claim(conn, schema, leading)
+    [probe] = probes
     await _complete(conn, q, [probe])
     assert await _claim_flow(conn, q) == []  # until the role has seen it
     assert await _state(keeper, leading) == ("closed", "closed")
@@ -174,11 +182,8 @@ async def test_the_probe_s_failure_opens_it_again_for_another_cool_down(
     conn: asyncpg.Connection, schema: str, leading: RoleContext
 ) -> None:
     q = for_schema(schema)
-    keeper = await _open(conn, schema, leading)
-    assert isinstance(keeper.clock, FakeClock)
-    keeper.clock.advance(seconds=31)
-    await _state(keeper, leading)
-    [probe] = await _claim_flow(conn, q)
+    keeper, probes = await _half_open_and_claim(conn, schema, leading)
+    [probe] = probes
     await _fail(conn, q, [probe])
     # Until the role has seen the probe's outcome, no other job of the kind starts
     # (the claim marked the probe taken: a limit of 1 running would let the next in).
@@ -200,11 +205,8 @@ async def test_a_probe_that_ends_without_a_verdict_lets_another_one_run(
     conn: asyncpg.Connection, schema: str, leading: RoleContext
 ) -> None:
     q = for_schema(schema)
-    keeper = await _open(conn, schema, leading)
-    assert isinstance(keeper.clock, FakeClock)
-    keeper.clock.advance(seconds=31)
-    await _state(keeper, leading)
-    [(probe, _)] = await _claim_flow(conn, q)
+    keeper, probes = await _half_open_and_claim(conn, schema, leading)
+    [(probe, _)] = probes
     # An operator cancels the running probe: its job leaves the hot table, cancelled.
     await conn.execute(
         f"WITH gone AS (DELETE FROM {schema}.job WHERE id = $1 RETURNING *) "
@@ -295,11 +297,8 @@ async def test_a_probe_whose_member_died_is_no_verdict(
     conn: asyncpg.Connection, schema: str, leading: RoleContext
 ) -> None:
     q = for_schema(schema)
-    keeper = await _open(conn, schema, leading)
-    assert isinstance(keeper.clock, FakeClock)
-    keeper.clock.advance(seconds=31)
-    await _state(keeper, leading)
-    [(probe, _)] = await _claim_flow(conn, q)
+    keeper, probes = await _half_open_and_claim(conn, schema, leading)
+    [(probe, _)] = probes
     await conn.execute(
         f"UPDATE {schema}.job SET lease_expires_at = now() - interval '1 s' WHERE id = $1",
         probe,
