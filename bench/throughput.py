@@ -436,7 +436,7 @@ _DURATION = re.compile(r"LOG:\s+duration: ([0-9.]+) ms\s+(parse|bind|execute|sta
 
 def read_statement_log(text: str, q: Queries) -> StatementLog:
     """The member's statements in a server log excerpt (only its sessions log them)."""
-    names = {" ".join(q[name].split()): name
+    names = {" ".join(q.sql(name).split()): name
              for file in QUERY_FILES for name in named_blocks(file)}  # fmt: skip
     entries: list[tuple[int, str, float, list[str]]] = []  # pid, step, ms, text lines
     for line in text.splitlines():
