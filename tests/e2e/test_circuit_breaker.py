@@ -5,6 +5,7 @@ the service is back its success closes the breaker (breaker.closed) and the rest
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -54,13 +55,15 @@ async def test_a_failing_kind_trips_its_breaker_and_its_jobs_wait_uncharged(
                     WHERE j.kind = k.name AND j.state = 'available') AS waiting
             FROM {schema}.kind AS k WHERE k.name = 'breaker_flaky'"""
         seen = []
+        watched_from = time.monotonic()
         while True:
             row = await conn.fetchrow(charged)
             if row["breaker_limit"] != 0 or row["breaker_probe"] is not None:
                 break
             seen.append((row["attempts"], row["waiting"]))
             await anyio.sleep(0.05)
-        assert len(seen) >= 20, seen  # about 3 s of the cool-down watched
+        # Most of the cool-down watched, however slowly the box answered each look.
+        assert time.monotonic() - watched_from >= 1.5 and len(seen) >= 2, seen
         assert len({attempts for attempts, _ in seen}) == 1, seen
         assert min(waiting for _, waiting in seen) >= 10  # claimable, but for the breaker
         await wait_for_event(member, "breaker.half_open", kind="breaker_flaky")

@@ -130,9 +130,12 @@ _GOOD_COOLDOWN = st.one_of(
 )
 _ANY_VALUE = st.one_of(
     st.none(), st.text(max_size=12), st.integers(-10, 10**6), st.booleans(),
+    st.integers(-(2**70), 2**70),  # past int64 both ways
     st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(
         ["5/1m", "0/1m", "1/0s", "1/500ms", "3/2d", "1/1d", "100001/1s", "", "\x00", "5/1m ",
-         "1s", "30s", "0s", "1d", "25h", "-1s", "nan"]),
+         "1s", "30s", "0s", "1d", "25h", "-1s", "nan", "inf", "-5/1m", "5/inf",
+         "9223372036854775808/1s", "1/9223372036854775808s", "1/99999999999999999999d",
+         "5/1m\x00", "9" * 10_000 + "/1s", 2**63, -(2**63) - 1]),
     _GOOD_COOLDOWN,
 )  # fmt: skip
 
