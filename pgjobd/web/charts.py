@@ -64,10 +64,8 @@ def line_chart(
             f'<text class="empty" x="{WIDTH / 2:.0f}" y="{HEIGHT / 2:.0f}" '
             'text-anchor="middle">no samples yet</text>'
         )
+    bottom = PAD_TOP + plot_h
     for s in series:
-        if len(s.values) != len(xs):
-            raise ValueError(f"series {s.name!r} has {len(s.values)} values for {len(xs)} times")
-        bottom = PAD_TOP + plot_h
         points = " ".join(f"{x}{bottom - v * y_of:.1f}" for x, v in zip(xs, s.values, strict=True))
         if points:
             parts.append(
