@@ -131,9 +131,16 @@ class Completer:
         with anyio.move_on_after(FLUSH_AFTER_S):
             while len(pending) < MAX_BATCH:
                 try:
-                    pending.append(storable(await self.outcomes.receive()))
+                    # What has arrived is taken without an event-loop turn per outcome.
+                    outcome = self.outcomes.receive_nowait()
+                except anyio.WouldBlock:
+                    try:
+                        outcome = await self.outcomes.receive()
+                    except anyio.EndOfStream:
+                        break
                 except anyio.EndOfStream:
                     break
+                pending.append(storable(outcome))
         return True
 
     async def _finish(self, pending: list[Outcome]) -> None:

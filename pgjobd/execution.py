@@ -54,6 +54,7 @@ from pgjobd.outcome import MAX_MESSAGE_CHARS, MAX_RESULT_BYTES, MAX_TRACEBACK_CH
 from pgjobd.protocol import Done
 
 log = logging.getLogger("pgjobd.worker")
+_JOB_LOGGER = logging.getLogger("pgjobd.job")  # ctx.logger's, the same for every job
 
 # A job whose args are newer than its handler comes back this much later (for a member
 # that knows them: a rolling deploy), with no attempt charged.
@@ -243,7 +244,7 @@ def job_context(
         enqueued_at=job.enqueued_at,
         scheduled_at=job.scheduled_at,
         cancelled=cancelled,
-        logger=logging.getLogger("pgjobd.job"),
+        logger=_JOB_LOGGER,
     )
 
 
@@ -253,21 +254,22 @@ def _being_cancelled() -> bool:
 
 
 async def _call_async(function: Callable[..., Any], args: tuple[Any, ...], timeout_s: float) -> Any:
-    task = asyncio.ensure_future(function(*args))
+    """Run the handler in this task (no task of its own per job), cancelled at its
+    timeout. A handler that ignores the cancellation keeps the job held until the
+    parent's deadline kills the process; whatever it ends with after its timeout (a
+    value, an error of its own) is reported as the timeout."""
+    timeout = asyncio.timeout(timeout_s)
     try:
-        finished, _ = await asyncio.wait({task}, timeout=timeout_s)
-    except asyncio.CancelledError:
-        task.cancel()
+        async with timeout:
+            value = await function(*args)
+    except BaseException as e:
+        if timeout.expired() and not (isinstance(e, asyncio.CancelledError) and _being_cancelled()):
+            raise _TimedOut(f"ran past its timeout of {timeout_s:g}s and was cancelled") from None
         raise
-    if not finished:
-        task.cancel()
-        # Wait for the handler to unwind; one that ignores cancellation keeps the job
-        # held until the parent's deadline kills the process.
-        await asyncio.wait({task})
-        if not task.cancelled() and task.exception() is None:
-            log.warning("a handler returned after its timeout was cancelled; result dropped")
+    if timeout.expired():
+        log.warning("a handler returned after its timeout was cancelled; result dropped")
         raise _TimedOut(f"ran past its timeout of {timeout_s:g}s and was cancelled")
-    return task.result()
+    return value
 
 
 async def _call_in_thread(function: Callable[..., Any], args: tuple[Any, ...], job_id: int) -> Any:

@@ -277,6 +277,7 @@ def record_outcomes(recorded: Iterable[tuple[Outcome, str | None]]) -> None:
     """Count outcomes the database recorded, each with its dead/cancelled reason (None:
     the job goes on, or completed). Grouped, so a batch costs one call per label set."""
     tally: Tally[tuple[Counter, tuple[str, ...]]] = Tally()
+    durations: dict[tuple[str, str], Histogram] = {}  # each label set's histogram, looked up once
     for outcome, reason in recorded:
         job = outcome.job
         labels = (job.queue, job.kind)
@@ -284,7 +285,9 @@ def record_outcomes(recorded: Iterable[tuple[Outcome, str | None]]) -> None:
         if verdict == "given_back":
             tally[JOBS_GIVEN_BACK, (job.queue,)] += 1
             continue
-        JOB_DURATION.labels(*labels).observe(outcome.duration_s)
+        if (duration := durations.get(labels)) is None:
+            duration = durations[labels] = JOB_DURATION.labels(*labels)
+        duration.observe(outcome.duration_s)
         if verdict == "completed":
             tally[JOBS_COMPLETED, labels] += 1
             continue

@@ -589,7 +589,11 @@ class QueueWorkers:
                         done.job_id)  # fmt: skip
             return
         outcome = done.outcome(held.job)
-        await self.outcomes.send(outcome)  # bounded: a slow completer slows us here
+        try:
+            # Without the two event-loop turns send() takes even when there is room.
+            self.outcomes.send_nowait(outcome)
+        except anyio.WouldBlock:
+            await self.outcomes.send(outcome)  # bounded: a slow completer slows us here
         # Only now is the slot free: until the outcome is handed over the job is held.
         if child.held.pop(key, None) is None:
             return  # given back meanwhile (at a drain deadline)

@@ -287,7 +287,7 @@ class Worker:
         job = run.job
         return await execute(
             self.registry, job, run.timeout_s, where=f"this worker of queue {self.queue!r}",
-            cancelled=self._cancelled.setdefault((job.id, job.fence), threading.Event()),
+            cancelled=self._cancelled.get((job.id, job.fence)) or threading.Event(),
             middleware=self.middleware, results=self._results_reader(job),
         )  # fmt: skip
 

@@ -1,0 +1,88 @@
+"""An async handler runs in the attempt's own task under its timeout (pgjobd.execution):
+what it ends with after the timeout fired is reported as the timeout, what it ends with
+before is its own, and a cancellation from outside stays a cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from pgjobd import job
+from pgjobd.execution import run_attempt
+from pgjobd.handler_api import HANDLER_ATTRIBUTE, HandlerSpec
+from pgjobd.model import ClaimedJob
+
+NOW = datetime(2026, 12, 2, tzinfo=UTC)
+
+
+def claimed(kind: str) -> ClaimedJob:
+    return ClaimedJob(1, 1, kind, "default", 1, 5, 0, 0, None, NOW, NOW, b"{}")
+
+
+def spec_of(function: Any) -> HandlerSpec:
+    spec: HandlerSpec = getattr(function, HANDLER_ATTRIBUTE)
+    return spec
+
+
+@job(kind="swallows_then_raises")
+async def swallows_then_raises(args: dict[str, Any]) -> None:
+    try:
+        await asyncio.sleep(10)
+    except asyncio.CancelledError:
+        raise ValueError("cleaning up failed") from None
+
+
+@job(kind="swallows_then_returns")
+async def swallows_then_returns(args: dict[str, Any]) -> str:
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(10)
+    return "late"
+
+
+@job(kind="own_timeout")
+async def own_timeout(args: dict[str, Any]) -> None:
+    raise TimeoutError("the remote API timed out")
+
+
+@job(kind="quick")
+async def quick(args: dict[str, Any]) -> dict[str, int]:
+    await asyncio.sleep(0)
+    return {"n": 1}
+
+
+@pytest.mark.parametrize("handler", [swallows_then_raises, swallows_then_returns])
+def test_what_a_handler_ends_with_after_its_timeout_is_the_timeout(handler: Any) -> None:
+    done = asyncio.run(run_attempt(spec_of(handler), claimed(spec_of(handler).kind), 0.05))
+    assert (done.verdict, done.error_class) == ("failed", "TimeoutError")
+    assert "past its timeout of 0.05s" in (done.error_message or "")
+    assert done.result is None
+
+
+def test_a_handlers_own_timeout_error_before_its_timeout_is_its_own() -> None:
+    done = asyncio.run(run_attempt(spec_of(own_timeout), claimed("own_timeout"), 5.0))
+    assert (done.verdict, done.error_class) == ("failed", "TimeoutError")
+    assert done.error_message == "the remote API timed out"
+
+
+def test_a_quick_handler_completes_with_its_result() -> None:
+    done = asyncio.run(run_attempt(spec_of(quick), claimed("quick"), 5.0))
+    assert (done.verdict, done.result) == ("completed", b'{"n":1}')
+
+
+def test_a_cancellation_from_outside_stays_a_cancellation() -> None:
+    async def main() -> None:
+        task = asyncio.create_task(
+            run_attempt(spec_of(swallows_then_raises), claimed("swallows_then_raises"), 0.2)
+        )
+        await asyncio.sleep(0.05)
+        task.cancel()
+        # The handler turns the cancellation into ValueError: that is its error, not a
+        # timeout (the timeout had not fired).
+        done = await task
+        assert (done.verdict, done.error_class) == ("failed", "ValueError")
+
+    asyncio.run(main())
