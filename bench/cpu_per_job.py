@@ -194,6 +194,13 @@ def main() -> None:
     ratios = [sum(t[x] for x in ROLES) / sum(b[x] for x in ROLES)
               for t, b in zip(results["this"], results["baseline"], strict=True)]  # fmt: skip
     print(f"  total ratio per rep: {', '.join(f'{r:.2f}' for r in ratios)} (target <= 0.6)")
+    rates = [
+        t["jobs/s"] / b["jobs/s"] for t, b in zip(results["this"], results["baseline"], strict=True)
+    ]
+    print(
+        f"jobs/s (wall time: the machine's load moves it) this / baseline per rep: "
+        f"{', '.join(f'{r:.2f}' for r in rates)}; median {statistics.median(rates):.2f}"
+    )
 
 
 if __name__ == "__main__":

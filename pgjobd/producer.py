@@ -44,9 +44,13 @@ log = logging.getLogger(__name__)
 CLAIMERS = 2
 MIN_POLL_S = 0.05
 MAX_POLL_S = 1.0
-# When every slot was filled last time, wait this long for more slots to free up so
-# that one claim statement serves several jobs instead of one each.
+# When every slot was filled last time, wait up to this long for a share of the slots
+# (BATCH_SHARE of them) to free up, so that one claim statement serves several jobs
+# instead of one each; no longer than it takes them to free up (slots free in bursts:
+# a worker reports what ended in one write), so that a queue with few slots does not
+# pay the window on every claim.
 BATCH_WINDOW_S = 0.002
+BATCH_SHARE = 4
 FLOW_RECHECK_S = 1.0
 # After one of this member's jobs ended under a limit: time for the completer to record
 # it (it flushes within 5 ms), and for more of them to end, before claiming: a claim per
@@ -55,6 +59,7 @@ ROOM_SETTLE_S = 0.025
 
 
 class Workers(Protocol):
+    def slots(self) -> int: ...
     def free_slots(self) -> int: ...
     async def wait_changed(self) -> None: ...
     async def submit_many(self, jobs: Sequence[ClaimedJob]) -> None: ...
@@ -118,7 +123,7 @@ class Producer:
                 await self.workers.wait_changed()
             await self.completer.wait_accepting()
             if saturated:
-                await anyio.sleep(BATCH_WINDOW_S)
+                await self._gather_slots()
             limit = self._unreserved()
             if limit <= 0:
                 continue
@@ -189,6 +194,12 @@ class Producer:
             self.queue, seconds, [row.kind for row in rows], [row.waited_s for row in rows]
         )
         return [row.claimed_job() for row in rows]
+
+    async def _gather_slots(self) -> None:
+        enough = max(1, self.workers.slots() // BATCH_SHARE)
+        with anyio.move_on_after(BATCH_WINDOW_S):
+            while self._unreserved() < enough:
+                await self.workers.wait_changed()
 
     async def _wait_for_room(self) -> None:
         """A limit held the last claim back. Room comes back when a running job ends:

@@ -183,6 +183,10 @@ class QueueWorkers:
 
     # -- the producer's and lease keeper's interface ---------------------------------
 
+    def slots(self) -> int:
+        """The queue's slots in all (its concurrency), free or not."""
+        return self.config.concurrency
+
     def free_slots(self) -> int:
         """Slots of ready, not-retiring children, minus the jobs in flight in them."""
         if self._draining:
@@ -775,7 +779,7 @@ class QueueWorkers:
     def _notify_changed(self) -> None:
         if self._changed is not None:
             self._changed.set()
-        self._changed = anyio.Event()
+            self._changed = None  # the next waiter makes the next one
 
     def _notify_deadlines(self) -> None:
         if self._deadlines_changed is not None:
