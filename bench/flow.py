@@ -16,13 +16,14 @@ Two parts, each in its own fresh schema (``bench_flow``, dropped at the end):
                  enqueue (which marks the jobs), then shared by stride scheduling
                  (migrations 0014, 0018)
   Printed: jobs/s, and the claim statement's p50/p99 (client-timed).
-- drain: real ``pgjobd run`` members drain N no-op jobs; 2 members with
-  ``global_concurrency = 50`` (concurrency 50 each) against 2 members with
-  ``concurrency = 25`` each (per-member limits adding up to 50). Timed from the
-  enqueue's commit to an empty hot table.
+- drain: 2 real ``pgjobd run`` members drain N no-op jobs, ABBA per rep; setups
+  (``--drains``): ``global_concurrency = 50`` (concurrency 50 each) against
+  ``concurrency = 25`` each (per-member limits adding up to 50); and jobs of 100
+  tenants in a queue with ``fair = true`` against the same jobs without it
+  (concurrency 50 each). Timed from the enqueue's commit to an empty hot table.
 
     .venv/bin/python bench/flow.py [--reps 3] [--n 20000] [--drain-n 5000] [--dsn DSN]
-        [--parts claim,drain]
+        [--parts claim,drain] [--drains per_member_25x2,global_50,tenants_100,fair_100]
         [--modes baseline,unlimited,no_breaker,limited,every_limit,tenants,fair]
 
 Not a test: it prints figures, and the ratios beside the issue's targets.
@@ -198,13 +199,27 @@ def member_config(tmp: Path, index: int, queue: str, handlers: Path, dsn: str) -
     return path
 
 
-async def drain_once(dsn: str, queue_toml: str, n: int, members: int) -> float:
+# Drain setups, in pairs: (name, queue TOML, jobs of 100 tenants) and the baseline the
+# issue measures it against.
+DRAIN_SETUPS = {
+    "per_member_25x2": ('concurrency = 25\nprocesses = 2\nhistory = "none"\n', False),
+    "global_50": ('concurrency = 50\nprocesses = 2\nhistory = "none"\nglobal_concurrency = 50\n',
+                  False),
+    "tenants_100": ('concurrency = 50\nprocesses = 2\nhistory = "none"\n', True),
+    "fair_100": ('concurrency = 50\nprocesses = 2\nhistory = "none"\nfair = true\n', True),
+}  # fmt: skip
+DRAIN_PAIRS = (("global_50", "per_member_25x2", 0.8), ("fair_100", "tenants_100", 0.7))
+
+
+async def drain_once(dsn: str, queue_toml: str, n: int, members: int, tenants: bool) -> float:
     conn = await fresh_schema(dsn)
     processes = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for i in range(members):
-                config = member_config(Path(tmp), i, queue_toml, HANDLERS, dsn)
+                config = member_config(
+                    Path(tmp), i, f"[queues.default]\n{queue_toml}", HANDLERS, dsn
+                )
                 processes.append(
                     await asyncio.create_subprocess_exec(
                         sys.executable,
@@ -221,11 +236,12 @@ async def drain_once(dsn: str, queue_toml: str, n: int, members: int) -> float:
             while await conn.fetchval(f"SELECT count(*) FROM {SCHEMA}.member") < members:  # noqa: ASYNC110
                 await asyncio.sleep(0.1)
             await asyncio.sleep(1.0)  # every producer has made its first claim
+            tenant = "'t' || (g % 100)" if tenants else "NULL"
             started = time.perf_counter()
             await conn.execute(
-                f"""INSERT INTO {SCHEMA}.job (state, queue, kind, args)
-                    SELECT 'available', 'default', 'bench_noop', '{{}}'::jsonb
-                    FROM generate_series(1, $1)""",
+                f"""INSERT INTO {SCHEMA}.job (state, queue, kind, args, tenant)
+                    SELECT 'available', 'default', 'bench_noop', '{{}}'::jsonb, {tenant}
+                    FROM generate_series(1, $1) AS g""",
                 n,
             )
             await conn.execute(f"NOTIFY \"{SCHEMA}.job_ready\", 'default'")
@@ -241,24 +257,22 @@ async def drain_once(dsn: str, queue_toml: str, n: int, members: int) -> float:
         await conn.close()
 
 
-async def drain_part(dsn: str, reps: int, n: int) -> None:
-    setups = {
-        "per_member_25x2": '[queues.default]\nconcurrency = 25\nprocesses = 2\nhistory = "none"\n',
-        "global_50": '[queues.default]\nconcurrency = 50\nprocesses = 2\nhistory = "none"\n'
-        "global_concurrency = 50\n",
-    }  # fmt: skip
+async def drain_part(dsn: str, reps: int, n: int, setups: list[str]) -> None:
     rates: dict[str, list[float]] = {name: [] for name in setups}
     for rep in range(reps):
-        for name, toml in setups.items():
-            seconds = await drain_once(dsn, toml, n, members=2)
+        for name in setups if rep % 2 == 0 else reversed(setups):
+            toml, tenants = DRAIN_SETUPS[name]
+            seconds = await drain_once(dsn, toml, n, members=2, tenants=tenants)
             rates[name].append(n / seconds)
             print(f"  rep {rep + 1} {name:16s} {n / seconds:8.0f} jobs/s", flush=True)
-    base = statistics.median(rates["per_member_25x2"])
-    limited = statistics.median(rates["global_50"])
-    print(f"\ndrain: 2 members, {n} no-op jobs, {reps} reps")
-    print(f"per-member limits 25+25: {base:8.0f} jobs/s")
-    print(f"global_concurrency 50:   {limited:8.0f} jobs/s  ratio {limited / base:.2f} "
-          "(target >= 0.8)")  # fmt: skip
+    print(f"\ndrain: 2 members, {n} no-op jobs, {reps} reps (ABBA), median jobs/s")
+    for name in setups:
+        print(f"  {name:16s} {statistics.median(rates[name]):8.0f}")
+    for variant, base, target in DRAIN_PAIRS:
+        if variant in rates and base in rates:
+            ratios = [v / b for v, b in zip(rates[variant], rates[base], strict=True)]
+            print(f"  {variant} / {base}: {statistics.median(ratios):.2f} (per rep "
+                  f"{', '.join(f'{r:.2f}' for r in ratios)}; target >= {target})")  # fmt: skip
 
 
 def main() -> None:
@@ -270,6 +284,7 @@ def main() -> None:
     parser.add_argument("--drain-n", type=int, default=5000)
     parser.add_argument("--sessions", type=int, default=3)
     parser.add_argument("--parts", default="claim,drain")
+    parser.add_argument("--drains", default=",".join(DRAIN_SETUPS), help="drain setups")
     parser.add_argument(
         "--modes", default="baseline,unlimited,limited,every_limit,tenants,fair",
         help="claim modes, the first the ratios' baseline",
@@ -281,7 +296,7 @@ def main() -> None:
         modes = args.modes.split(",")
         asyncio.run(claim_part(args.dsn, args.reps, args.n, args.sessions, modes))
     if "drain" in parts:
-        asyncio.run(drain_part(args.dsn, args.reps, args.drain_n))
+        asyncio.run(drain_part(args.dsn, args.reps, args.drain_n, args.drains.split(",")))
 
 
 if __name__ == "__main__":

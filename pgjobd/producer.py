@@ -51,6 +51,7 @@ MAX_POLL_S = 1.0
 # pay the window on every claim.
 BATCH_WINDOW_S = 0.002
 BATCH_SHARE = 4
+FLOW_BATCH_SHARE = 2
 FLOW_RECHECK_S = 1.0
 # After one of this member's jobs ended under a limit: time for the completer to record
 # it (it flushes within 5 ms), and for more of them to end, before claiming: a claim per
@@ -196,8 +197,13 @@ class Producer:
         return [row.claimed_job() for row in rows]
 
     async def _gather_slots(self) -> None:
-        enough = max(1, self.workers.slots() // BATCH_SHARE)
-        with anyio.move_on_after(BATCH_WINDOW_S):
+        if self.flow:
+            # A claim under flow control holds the queue's lock fleet-wide and costs
+            # milliseconds whatever it takes: fewer, larger claims.
+            enough, window_s = max(1, self.workers.slots() // FLOW_BATCH_SHARE), ROOM_SETTLE_S
+        else:
+            enough, window_s = max(1, self.workers.slots() // BATCH_SHARE), BATCH_WINDOW_S
+        with anyio.move_on_after(window_s):
             while self._unreserved() < enough:
                 await self.workers.wait_changed()
 
