@@ -91,6 +91,9 @@ class Completer:
         self.stale = 0
         self.unstorable = 0
         self.abandoned: list[int] = []  # job ids left to the reaper at shutdown
+        # Queues claiming under flow control (their producers say): when their jobs end,
+        # the fleet's producers waiting for room are woken (queue_room_announce).
+        self.flow_queues: set[str] = set()
         self._deadline: float | None = None  # set at shutdown: stop trying then
         self._attempt: anyio.CancelScope | None = None
 
@@ -289,13 +292,21 @@ class Completer:
         ]
         async with db.acquire(self.pool) as conn:
             finished = await self.q.job_complete_many(conn, rows)
+            await self._announce_room(conn, completed)
         self._count(completed, {(key.id, key.fence): None for key in finished})
 
     async def _fail(self, others: list[Outcome]) -> None:
         rows = [self._failure_row(o) for o in others]
         async with db.acquire(self.pool) as conn:
             recorded = await self.q.job_fail_many(conn, rows, self.member_id)
+            await self._announce_room(conn, others)
         self._count(others, {(r.id, r.fence): r.reason for r in recorded})
+
+    async def _announce_room(self, conn: asyncpg.Connection, ended: list[Outcome]) -> None:
+        if self.flow_queues:
+            queues = {o.job.queue for o in ended} & self.flow_queues
+            if queues:
+                await self.q.queue_room_announce(conn, sorted(queues))
 
     def _queue(self, outcome: Outcome) -> QueueConfig:
         return self.queues.get(outcome.job.queue) or self.queues["default"]

@@ -51,12 +51,12 @@ MAX_POLL_S = 1.0
 # pay the window on every claim.
 BATCH_WINDOW_S = 0.002
 BATCH_SHARE = 4
+# Under flow control a claim holds the queue's lock fleet-wide and costs milliseconds
+# whatever it takes: wait longer, for half the slots (a claim per freed place would
+# serialise the fleet on the lock; measured: bench/flow.py).
+FLOW_BATCH_WINDOW_S = 0.025
 FLOW_BATCH_SHARE = 2
 FLOW_RECHECK_S = 1.0
-# After one of this member's jobs ended under a limit: time for the completer to record
-# it (it flushes within 5 ms), and for more of them to end, before claiming: a claim per
-# freed place serialises the fleet on the limit's lock (measured: bench/flow.py).
-ROOM_SETTLE_S = 0.025
 
 
 class Workers(Protocol):
@@ -198,9 +198,8 @@ class Producer:
 
     async def _gather_slots(self) -> None:
         if self.flow:
-            # A claim under flow control holds the queue's lock fleet-wide and costs
-            # milliseconds whatever it takes: fewer, larger claims.
-            enough, window_s = max(1, self.workers.slots() // FLOW_BATCH_SHARE), ROOM_SETTLE_S
+            enough = max(1, self.workers.slots() // FLOW_BATCH_SHARE)
+            window_s = FLOW_BATCH_WINDOW_S
         else:
             enough, window_s = max(1, self.workers.slots() // BATCH_SHARE), BATCH_WINDOW_S
         with anyio.move_on_after(window_s):
@@ -208,16 +207,20 @@ class Producer:
                 await self.workers.wait_changed()
 
     async def _wait_for_room(self) -> None:
-        """A limit held the last claim back. Room comes back when a running job ends:
-        one of ours (a slot frees here; its outcome reaches the database one completer
-        flush later) or another member's (nothing announces that: poll)."""
-        with anyio.move_on_after(MIN_POLL_S):
-            await self.workers.wait_changed()
-            await anyio.sleep(ROOM_SETTLE_S)
+        """A limit held the last claim back. Room comes back when a running job of the
+        queue ends, here or on another member: each member's completer announces that
+        on the queue's wake-up once it has recorded the end (queue_room_announce), so
+        wait for it, or poll should the announcement not come (the LISTEN session
+        away, a rate limit's window moving on)."""
+        await self.wakeup.wait(MIN_POLL_S)
 
     async def _read_flow(self, conn: asyncpg.Connection) -> None:
         flow = bool(await self.q.queue_flow_get(conn, self.queue))
         self._flow_read_at = time.monotonic()
+        if flow:
+            self.completer.flow_queues.add(self.queue)
+        else:
+            self.completer.flow_queues.discard(self.queue)
         if flow != self.flow and (flow or self.flow is not None):
             self.throttled = False
             log.info(

@@ -168,6 +168,14 @@ SELECT coalesce((SELECT q.flow FROM {{schema}}.queue AS q WHERE q.name = $1), fa
                         OR k.breaker_limit IS NOT NULL)
        AS flow;
 
+-- name: queue_room_announce
+-- Wakes the producers of queues $1, fleet-wide, on <schema>.job_ready: jobs of these
+-- queues (under flow control) just ended, so a fleet-wide limit may have room again.
+-- The completer sends it after recording them; nothing else announces room.
+-- $1 queues
+SELECT pg_notify('{{schema}}.job_ready', q.name)
+FROM unnest($1::text[]) AS q(name);
+
 -- name: job_promote_due
 -- Makes due scheduled and retryable jobs available, wakes their queues' producers
 -- fleet-wide, and says how long until the next one is due (NULL: none waiting).

@@ -313,6 +313,10 @@ class JobStatements(Rendered):
         flow: bool = await conn.fetchval(self.sql("queue_flow_get"), queue)
         return flow
 
+    @statement("queue_room_announce")
+    async def queue_room_announce(self, conn: Conn, queues: Sequence[str]) -> None:
+        await conn.execute(self.sql("queue_room_announce"), queues)
+
     @statement("job_promote_due")
     async def job_promote_due(self, conn: Conn, limit: int) -> Promoted:
         record = await conn.fetchrow(self.sql("job_promote_due"), limit)
