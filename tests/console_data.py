@@ -1,7 +1,7 @@
 """Jobs in every state, with hostile strings, for the web console's tests.
 
 Jobs are enqueued through the SQL function `enqueue` and moved on by the statements'
-own SQL functions (job_finish) or plain updates of what a member sets when it claims.
+own SQL functions (job_move) or plain updates of what a member sets when it claims.
 """
 
 from __future__ import annotations
@@ -48,17 +48,15 @@ async def finish(
     conn: asyncpg.Connection, schema: str, job_id: int, reason: str | None,
     error: str | None = None, result: str | None = None, fingerprint: str | None = None,
 ) -> None:  # fmt: skip
-    """Ends a live job as job_fail_many or job_complete_many would (job_finish), with
+    """Ends a live job as job_fail_many or job_complete_many would (job_move), with
     its last attempt's error fingerprint: by default, for a job that died of an error
     ("Class: message"), the fingerprint the failure path would give it."""
     if fingerprint is None and error and reason not in (None, "cancelled", *NO_ATTEMPT):
         error_class, _, message = error.partition(": ")
         fingerprint = fingerprints.fingerprint(error_class, message, "h:handle")
     await conn.execute(
-        f"""WITH gone AS (DELETE FROM {schema}.job AS j WHERE j.id = $1 RETURNING j)
-            SELECT {schema}.job_finish(array_agg(g.j), ARRAY[$2::text], ARRAY[$3::text],
-                                       ARRAY[$4::jsonb], NULL, ARRAY[$5::text])
-            FROM gone AS g""",
+        f"""SELECT count(*) FROM {schema}.job_move(ARRAY[$1::bigint], NULL, ARRAY[$2::text],
+                ARRAY[$3::text], ARRAY[$4::jsonb], NULL, ARRAY[$5::text])""",
         job_id, reason, error, result, fingerprint,
     )  # fmt: skip
 

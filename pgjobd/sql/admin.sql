@@ -213,13 +213,13 @@ ORDER BY h.id, h.finished_at DESC;
 -- its member can set the handler's ctx.cancelled at once.
 -- $1 ids of pending jobs, $2 ids of running jobs
 WITH cancelled AS (
-    DELETE FROM {{schema}}.job AS j
-    WHERE j.id = ANY($1::bigint[]) AND j.state <> 'running'
-    RETURNING j AS job, j.id
-), recorded AS (
-    SELECT {{schema}}.job_finish(array_agg(c.job), array_agg('cancelled'::text),
-                                 array_agg((c.job).last_error)) AS written
-    FROM cancelled AS c
+    SELECT m.id
+    FROM (SELECT array_agg(j.id) AS ids
+          FROM {{schema}}.job AS j
+          WHERE j.id = ANY($1::bigint[]) AND j.state <> 'running'
+          HAVING count(*) > 0) AS a
+    CROSS JOIN LATERAL {{schema}}.job_move(
+        a.ids, NULL, array_fill('cancelled'::text, ARRAY[cardinality(a.ids)])) AS m
 ), flagged AS (
     UPDATE {{schema}}.job AS j SET cancel_requested = true
     WHERE j.id = ANY($2::bigint[]) AND j.state = 'running'
@@ -229,8 +229,7 @@ WITH cancelled AS (
 )
 SELECT ARRAY(SELECT c.id FROM cancelled AS c ORDER BY c.id) AS cancelled,
        ARRAY(SELECT f.id FROM flagged AS f ORDER BY f.id) AS flagged,
-       (SELECT count(*) FROM announced) AS announced,
-       (SELECT r.written FROM recorded AS r) AS recorded;  -- (read, so that it runs)
+       (SELECT count(*) FROM announced) AS announced;
 
 -- name: admin_jobs_make_available
 -- Makes scheduled and retryable jobs among $1 (locked by this transaction) available

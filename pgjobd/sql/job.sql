@@ -204,39 +204,25 @@ SELECT (SELECT count(*) FROM promoted) AS promoted,
        ) - now())::float8 AS next_due_in_s;
 
 -- name: job_complete_many
--- Finishes a batch of completed jobs: deletes each from the hot table only where this
--- member's fence still holds (a fence is set only while a job runs), and writes its
--- final record in the same statement.
--- Returns the (id, fence) pairs finished; one missing from the result lost its lease
--- meanwhile.
+-- Finishes a batch of completed jobs: moves each from the hot table to its final record
+-- (job_move) only where this member's fence still holds (a fence is set only while a
+-- job runs). Returns the (id, fence) pairs finished; one missing from the result lost
+-- its lease meanwhile.
 -- $1 ids, $2 fences, $3 results (JSON text or NULL), $4 keep a history record
-WITH finished AS (
-    DELETE FROM {{schema}}.job AS j
-    USING unnest($1::bigint[], $2::bigint[], $3::text[], $4::boolean[])
-          AS o(id, fence, result, keep)
-    -- A matching fence implies state = 'running' (job_running_holds_lease), and saying
-    -- so would invite the planner to scan job_running_idx, whose dead entries from
-    -- recently finished jobs it underestimates; "j.id = ANY" makes it look up by key.
-    WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.fence = o.fence
-    RETURNING j AS job, j.id, j.fence, o.result, o.keep
-), recorded AS (
-    -- Every finished job is passed (it settles its dependants); `keep` says which get a
-    -- history record.
-    SELECT {{schema}}.job_finish(array_agg(f.job), NULL, array_agg((f.job).last_error),
-                                 array_agg(f.result::jsonb), array_agg(f.keep))
-    FROM finished AS f
-)
--- (Joined with recorded only so that it runs: a SELECT in WITH runs when read.)
-SELECT f.id, f.fence FROM finished AS f CROSS JOIN recorded;
+SELECT m.id, m.fence
+FROM {{schema}}.job_move($1::bigint[], $2::bigint[], NULL, NULL, $3::text[]::jsonb[],
+                         $4::boolean[]) AS m;
 
 -- name: job_fail_many
 -- Records a batch of attempts that did not complete, fence-checked like completion.
--- Whether a job ends is job_end_reason's rule. Jobs that do not end (retried, snoozed,
--- or given back) return to the hot table with run_at = now() + delay; the others move
--- to history, dead or cancelled. Every failed attempt (not a snooze or a give-back)
--- gets one job_attempt row: matched by id and fence, as a batch may hold a stale
--- outcome of the same job. Returns the (id, fence) pairs recorded, each with its reason
--- when it ended (dead: why; or 'cancelled'), else NULL.
+-- Whether a job ends is job_end_reason's rule, decided on the row locked (so that a
+-- concurrent change, an admin's cancel or the reaper, is seen by the decision and the
+-- write alike). Jobs that do not end (retried, snoozed, or given back) return to the hot
+-- table with run_at = now() + delay; the others move to history, dead or cancelled
+-- (job_move). Every failed attempt (not a snooze or a give-back) gets one job_attempt
+-- row: matched by id and fence, as a batch may hold a stale outcome of the same job.
+-- Returns the (id, fence) pairs recorded, each with its reason when it ended (dead:
+-- why; or 'cancelled'), else NULL.
 -- $1 ids, $2 fences, $3 verdicts, $4 the queues' max_crashes, $5 delays,
 -- $6 error classes, $7 error messages, $8 tracebacks, $9 durations (s),
 -- $10 keep a history record, $11 error fingerprints, $12 member id
@@ -246,41 +232,48 @@ WITH o AS (
                 $6::text[], $7::text[], $8::text[], $9::float8[], $10::boolean[], $11::text[])
          AS o(id, fence, outcome, max_crashes, delay, error_class, error_message,
               traceback, duration_s, keep, fingerprint)
+), decided AS (
+    SELECT j.id, o.fence, j.attempt, j.queue, j.kind, o.outcome, o.delay,
+           concat_ws(': ', o.error_class, o.error_message) AS error, o.keep, o.fingerprint,
+           {{schema}}.job_end_reason(o.outcome, j.attempt, j.max_attempts, j.crashes,
+                                     o.max_crashes, j.cancel_requested) AS reason
+    FROM {{schema}}.job AS j
+    JOIN o ON j.id = o.id AND j.fence = o.fence
+    -- A matching fence implies state = 'running' (job_running_holds_lease), and saying
+    -- so would invite the planner to scan job_running_idx, whose dead entries from
+    -- recently finished jobs it underestimates; "j.id = ANY" makes it look up by key.
+    WHERE j.id = ANY($1::bigint[])
+    FOR UPDATE OF j
 ), retried AS (
     UPDATE {{schema}}.job AS j
-    SET state = CASE o.outcome WHEN 'snoozed' THEN 'scheduled'
+    SET state = CASE d.outcome WHEN 'snoozed' THEN 'scheduled'
                                WHEN 'given_back' THEN 'available'
                                ELSE 'retryable' END::{{schema}}.job_state,
-        run_at = now() + o.delay,
-        attempt = j.attempt - (o.outcome IN ('snoozed', 'given_back'))::integer,
-        crashes = j.crashes + (o.outcome = 'crashed')::integer,
-        last_error = CASE WHEN o.outcome IN ('snoozed', 'given_back') THEN j.last_error
-                          ELSE concat_ws(': ', o.error_class, o.error_message) END,
+        run_at = now() + d.delay,
+        attempt = j.attempt - (d.outcome IN ('snoozed', 'given_back'))::integer,
+        crashes = j.crashes + (d.outcome = 'crashed')::integer,
+        last_error = CASE WHEN d.outcome IN ('snoozed', 'given_back') THEN j.last_error
+                          ELSE d.error END,
         owner = NULL, fence = NULL, lease_expires_at = NULL
-    FROM o
-    WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.fence = o.fence  -- (see above)
-      AND {{schema}}.job_end_reason(o.outcome, j.attempt, j.max_attempts, j.crashes,
-                                    o.max_crashes, j.cancel_requested) IS NULL
-    RETURNING j.id, o.fence, j.attempt, j.queue, j.kind
+    FROM decided AS d
+    WHERE j.id = d.id AND j.fence = d.fence AND d.reason IS NULL
+    RETURNING j.id, d.fence
 ), died AS (
-    DELETE FROM {{schema}}.job AS j
-    USING o
-    WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.fence = o.fence
-      AND {{schema}}.job_end_reason(o.outcome, j.attempt, j.max_attempts, j.crashes,
-                                    o.max_crashes, j.cancel_requested) IS NOT NULL
-    RETURNING j AS job, j.id, j.fence, j.attempt, j.queue, j.kind,
-              {{schema}}.job_end_reason(o.outcome, j.attempt, j.max_attempts, j.crashes,
-                                        o.max_crashes, j.cancel_requested) AS reason,
-              concat_ws(': ', o.error_class, o.error_message) AS error, o.keep,
-              o.fingerprint
-), buried AS (
-    SELECT {{schema}}.job_finish(array_agg(d.job), array_agg(d.reason), array_agg(d.error),
-                                 NULL, array_agg(d.keep), array_agg(d.fingerprint))
-    FROM died AS d
+    SELECT m.id, m.fence
+    FROM (SELECT array_agg(d.id) AS ids, array_agg(d.fence) AS fences,
+                 array_agg(d.reason) AS reasons, array_agg(d.error) AS errors,
+                 array_agg(d.keep) AS keep, array_agg(d.fingerprint) AS fingerprints
+          FROM decided AS d
+          WHERE d.reason IS NOT NULL
+          HAVING count(*) > 0) AS a
+    CROSS JOIN LATERAL {{schema}}.job_move(a.ids, a.fences, a.reasons, a.errors, NULL, a.keep,
+                                           a.fingerprints) AS m
 ), recorded AS (
-    SELECT r.id, r.fence, r.attempt, r.queue, r.kind, NULL::text AS reason FROM retried AS r
-    UNION ALL
-    SELECT d.id, d.fence, d.attempt, d.queue, d.kind, d.reason FROM died AS d
+    SELECT d.id, d.fence, d.attempt, d.queue, d.kind, d.outcome, d.reason
+    FROM decided AS d
+    JOIN (SELECT r.id, r.fence FROM retried AS r
+          UNION ALL
+          SELECT x.id, x.fence FROM died AS x) AS w ON w.id = d.id AND w.fence = d.fence
 ), attempts AS (
     INSERT INTO {{schema}}.job_attempt (job_id, failed_at, duration_s, attempt, queue, kind,
         member, outcome, error_class, error_message, traceback, fingerprint)
@@ -289,7 +282,7 @@ WITH o AS (
     FROM recorded AS r JOIN o ON o.id = r.id AND o.fence = r.fence
     WHERE o.outcome NOT IN ('snoozed', 'given_back')
 )
-SELECT r.id, r.fence, r.reason FROM recorded AS r CROSS JOIN buried;  -- (as above)
+SELECT r.id, r.fence, r.reason FROM recorded AS r;
 
 -- name: job_lease_renew
 -- Extends the leases of the jobs this member holds, where its fences still hold. A row

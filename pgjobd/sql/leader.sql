@@ -87,7 +87,7 @@ SELECT (SELECT count(*) FROM resigned), pg_advisory_unlock($2, $3),
 -- $6 max_crashes for other queues, $7 the attempts' fingerprint (one for every lost
 -- lease, whichever member lost it: fingerprint.LEASE_EXPIRED)
 WITH expired AS (
-    SELECT j.id, j.owner AS lost_by,
+    SELECT j.id, j.fence, j.attempt, j.queue, j.kind, j.owner AS lost_by,
            {{schema}}.job_end_reason('lease_expired', j.attempt, j.max_attempts, j.crashes,
                                      coalesce(qc.max_crashes, $6), j.cancel_requested)
                AS reason
@@ -109,17 +109,17 @@ WITH expired AS (
     WHERE j.id = e.id AND e.reason IS NULL
     RETURNING j.id, j.attempt, j.queue, j.kind, e.lost_by
 ), died AS (
-    DELETE FROM {{schema}}.job AS j
-    USING expired AS e
-    WHERE j.id = e.id AND e.reason IS NOT NULL
-    RETURNING j AS job, j.id, j.attempt, j.queue, j.kind, e.lost_by, e.reason
-), buried AS (
-    SELECT {{schema}}.job_finish(
-        array_agg(d.job), array_agg(d.reason),
-        array_agg('LeaseExpired: member ' || d.lost_by || ' stopped renewing the lease'),
-        NULL, NULL, array_agg($7::text)
-    ) AS written
-    FROM died AS d
+    SELECT e.id, e.attempt, e.queue, e.kind, e.lost_by
+    FROM (SELECT array_agg(e.id) AS ids, array_agg(e.fence) AS fences,
+                 array_agg(e.reason) AS reasons,
+                 array_agg('LeaseExpired: member ' || e.lost_by
+                           || ' stopped renewing the lease') AS errors
+          FROM expired AS e
+          WHERE e.reason IS NOT NULL
+          HAVING count(*) > 0) AS a
+    CROSS JOIN LATERAL {{schema}}.job_move(a.ids, a.fences, a.reasons, a.errors, NULL, NULL,
+                                           array_fill($7::text, ARRAY[cardinality(a.ids)])) AS m
+    JOIN expired AS e ON e.id = m.id
 ), attempts AS (
     INSERT INTO {{schema}}.job_attempt (job_id, attempt, queue, kind, member, outcome,
                                         error_class, error_message, fingerprint)
@@ -133,8 +133,7 @@ WITH expired AS (
     FROM (SELECT DISTINCT queue FROM rescued) AS q
 )
 SELECT (SELECT count(*) FROM rescued) AS rescued, (SELECT count(*) FROM died) AS died,
-       (SELECT count(*) FROM woken) AS queues_woken,
-       (SELECT b.written FROM buried AS b) AS buried;  -- (read, so that it runs)
+       (SELECT count(*) FROM woken) AS queues_woken;
 
 -- name: job_expire
 -- Ends jobs not started by their expires_at: dead with reason 'expired' (the claim
@@ -143,7 +142,10 @@ SELECT (SELECT count(*) FROM rescued) AS rescued, (SELECT count(*) FROM died) AS
 -- queue and kind.
 -- $1 term, $2 limit
 WITH expired AS (
-    SELECT j.id
+    SELECT j.id, j.queue, j.kind,
+           format('Expired: not started by %s', j.expires_at) AS error,
+           -- (a job that failed before it expired keeps its last attempt's fingerprint)
+           {{schema}}.job_fingerprint(j.id) AS fingerprint
     FROM {{schema}}.job AS j
     WHERE j.expires_at <= now() AND j.expires_at IS NOT NULL AND j.state <> 'running'
       AND EXISTS (SELECT FROM {{schema}}.leader AS t
@@ -152,22 +154,18 @@ WITH expired AS (
     LIMIT $2
     FOR UPDATE OF j SKIP LOCKED
 ), died AS (
-    DELETE FROM {{schema}}.job AS j
-    USING expired AS e
-    WHERE j.id = e.id AND j.state <> 'running'
-    RETURNING j AS job, j.queue, j.kind
-), buried AS (
-    SELECT {{schema}}.job_finish(
-        array_agg(d.job), array_agg('expired'::text),
-        array_agg(format('Expired: not started by %s', (d.job).expires_at)),
-        -- (a job that failed before it expired keeps its last attempt's fingerprint)
-        NULL, NULL, array_agg({{schema}}.job_fingerprint((d.job).id))
-    ) AS written
-    FROM died AS d
+    SELECT m.id
+    FROM (SELECT array_agg(e.id) AS ids, array_agg(e.error) AS errors,
+                 array_agg(e.fingerprint) AS fingerprints
+          FROM expired AS e
+          HAVING count(*) > 0) AS a
+    CROSS JOIN LATERAL {{schema}}.job_move(
+        a.ids, NULL, array_fill('expired'::text, ARRAY[cardinality(a.ids)]), a.errors, NULL,
+        NULL, a.fingerprints) AS m
 )
-SELECT d.queue, d.kind, count(*) AS expired
-FROM died AS d CROSS JOIN buried AS b  -- (joined with buried only so that it runs)
-GROUP BY d.queue, d.kind;
+SELECT e.queue, e.kind, count(*) AS expired
+FROM died AS d JOIN expired AS e ON e.id = d.id
+GROUP BY e.queue, e.kind;
 
 -- name: member_forget_gone
 -- Removes member rows whose heartbeat stopped long ago.

@@ -84,8 +84,10 @@ GRANT EXECUTE ON FUNCTION
                             integer)
     TO {{schema}}_producer, {{schema}}_admin, {{schema}}_worker;
 GRANT EXECUTE ON FUNCTION
+    {{schema}}.job_move(bigint[], bigint[], text[], text[], jsonb[], boolean[], text[]),
+    -- What the members of v0.1.0 call instead, through a rolling upgrade (migration 0020).
     {{schema}}.job_finish(anyarray, text[], text[], jsonb[], boolean[], text[]),
-    -- Called by job_finish: releases or fails the dependants (migration 0010).
+    -- Called by job_move: releases or fails the dependants (migration 0010).
     {{schema}}.job_settle(bigint[], text[]),
     {{schema}}.job_end_reason(text, integer, integer, integer, integer, boolean)
     TO {{schema}}_admin, {{schema}}_worker;
@@ -142,7 +144,7 @@ GRANT INSERT, UPDATE, DELETE ON {{schema}}.job, {{schema}}.queue, {{schema}}.cro
     TO {{schema}}_admin, {{schema}}_worker;
 GRANT INSERT ON {{schema}}.job_history, {{schema}}.job_attempt
     TO {{schema}}_admin, {{schema}}_worker;
--- Finishing a job releases its dependants (job_settle, called by job_finish).
+-- Finishing a job releases its dependants (job_settle, called by job_move).
 GRANT DELETE ON {{schema}}.job_dependency TO {{schema}}_admin, {{schema}}_worker;
 GRANT INSERT, UPDATE, DELETE ON {{schema}}.member, {{schema}}.leader, {{schema}}.kind
     TO {{schema}}_worker;

@@ -77,7 +77,6 @@ class Cancelled(NamedTuple):
     cancelled: list[int]
     flagged: list[int]
     announced: int
-    recorded: int | None
 
 
 class MadeAvailable(NamedTuple):

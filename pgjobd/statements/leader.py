@@ -20,7 +20,6 @@ class Reaped(NamedTuple):
     rescued: int
     died: int
     queues_woken: int
-    buried: int | None
 
 
 class Partition(NamedTuple):

@@ -39,9 +39,8 @@ async def _finish(
 ) -> None:
     """Moves a live job to history as the completer would, with an attempt's error."""
     await conn.execute(
-        f"WITH gone AS (DELETE FROM {schema}.job WHERE id = $1 RETURNING job AS j) "
-        f"SELECT {schema}.job_finish(array_agg(j), ARRAY[$2::text], ARRAY[$3::text], "
-        'ARRAY[\'{"out": "secret result"}\'::jsonb]) FROM gone',
+        f"SELECT count(*) FROM {schema}.job_move(ARRAY[$1::bigint], NULL, ARRAY[$2::text], "
+        'ARRAY[$3::text], ARRAY[\'{"out": "secret result"}\'::jsonb])',
         job_id,
         reason,
         error,

@@ -49,6 +49,9 @@ class Case:
     args: Callable[[dict[str, Any]], tuple[Any, ...]]
     # Indexes the plan must use (at least one of each tuple's names).
     uses: tuple[tuple[str, ...], ...]
+    # The statement does its work in functions (job_move): it is run, in a transaction
+    # rolled back, and the plans of the statements it runs inside them are checked too.
+    nested: bool = False
 
 
 CASES = [
@@ -62,6 +65,7 @@ CASES = [
         "job_complete_many",
         lambda s: (s["running_ids"], s["running_fences"], [None] * BATCH, [True] * BATCH),
         (("job_pkey",),),
+        nested=True,
     ),
     Case(
         "job_fail_many",
@@ -80,6 +84,7 @@ CASES = [
             "planner",
         ),
         (("job_pkey",),),
+        nested=True,
     ),
     Case(
         "job_lease_renew",
@@ -210,12 +215,16 @@ def seeded_schema(dsn: str) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 async def _plan(
-    conn: asyncpg.Connection, sql: str, args: tuple[Any, ...], *, generic: bool, analyze: bool
-) -> dict[str, Any]:
-    """The plan of `sql` with `args`, in a transaction rolled back (an ANALYZE runs it)."""
+    conn: asyncpg.Connection, sql: str, args: tuple[Any, ...], *, generic: bool, analyze: bool,
+    nested: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """The plan of `sql` with `args`, in a transaction rolled back (an ANALYZE runs it).
+    `nested`: the statement is also run, and the plans of the statements it runs inside
+    functions are added under the top plan's "Plans" (auto_explain, sent as notices)."""
     options = "FORMAT JSON" + (", ANALYZE, BUFFERS" if analyze else "")
     transaction = conn.transaction()
     await transaction.start()
+    notices: list[str] = []
     try:
         if generic:
             await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
@@ -231,6 +240,18 @@ async def _plan(
         ]
         text = await conn.fetchval(f"EXPLAIN ({options}) EXECUTE plan_case({', '.join(literals)})")
         plan: dict[str, Any] = json.loads(text)[0]["Plan"]
+        if nested:
+            await conn.execute(
+                "LOAD 'auto_explain'; SET LOCAL auto_explain.log_min_duration = 0; "
+                "SET LOCAL auto_explain.log_nested_statements = on; "
+                "SET LOCAL auto_explain.log_format = json; "
+                "SET LOCAL auto_explain.log_level = notice"
+            )
+            conn.add_log_listener(lambda _, message: notices.append(message.message))
+            await conn.fetch(f"EXECUTE plan_case({', '.join(literals)})")
+            await conn.execute("SET LOCAL auto_explain.log_min_duration = -1")
+            inner = [json.loads(n.partition("plan:")[2])["Plan"] for n in notices if "plan:" in n]
+            plan = {**plan, "Plans": [*plan.get("Plans", ()), *inner]}
         return plan
     finally:
         await transaction.rollback()
@@ -246,7 +267,9 @@ async def test_the_statement_reads_by_index_never_a_whole_table(
     conn = await asyncpg.connect(dsn)
     try:
         sql = for_schema(schema).sql(case.statement)
-        plan = await _plan(conn, sql, case.args(seeds), generic=generic, analyze=False)
+        plan = await _plan(
+            conn, sql, case.args(seeds), generic=generic, analyze=False, nested=case.nested
+        )
     finally:
         await conn.close()
     assert _problems(plan, schema, case) == [], json.dumps(plan, indent=1)[:4000]

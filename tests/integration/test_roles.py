@@ -101,6 +101,8 @@ ROLE_MATRIX |= {
     },
     "function job_defaults(text,smallint,integer,text,integer,timestamp with time zone,"
     "interval,integer)": _ENQUEUERS,
+    "function job_move(bigint[],bigint[],text[],text[],jsonb[],boolean[],text[])": _FINISHERS,
+    # Kept for the members of v0.1.0 through a rolling upgrade (migration 0020).
     "function job_finish(anyarray,text[],text[],jsonb[],boolean[],text[])": _FINISHERS,
     "function job_settle(bigint[],text[])": _FINISHERS,
     "function job_fingerprint(bigint)": {
@@ -266,6 +268,7 @@ async def test_a_producer_enqueues_and_reads_its_jobs_and_nothing_else(
             f"SELECT * FROM {schema}.audit",
             f"INSERT INTO {schema}.job_history SELECT * FROM {schema}.job_history LIMIT 0",
             f"SELECT {schema}.partitions_ensure(1)",
+            f"SELECT {schema}.job_move(ARRAY[]::bigint[])",
             f"SELECT {schema}.job_finish(ARRAY[]::{schema}.job[])",
             f"INSERT INTO {schema}.job (state, queue, kind, args, owner) "
             "VALUES ('available', 'q', 'k', '{}', 'me')",

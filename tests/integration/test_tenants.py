@@ -45,12 +45,9 @@ async def tenants(
         for tenant in ("acme", "globex"):
             done, dead = ids[tenant][1], ids[tenant][3]
             await conn.execute(
-                f"WITH gone AS (DELETE FROM {schema}.job WHERE id = ANY($1::bigint[]) "
-                f"RETURNING job AS j, id) SELECT {schema}.job_finish(array_agg(j ORDER BY id), "
-                "array_agg(CASE WHEN id = $2 THEN 'attempts_exhausted' END ORDER BY id)) "
-                "FROM gone",
+                f"SELECT count(*) FROM {schema}.job_move($1::bigint[], NULL, "
+                "ARRAY[NULL, 'attempts_exhausted'])",
                 [done, dead],
-                dead,
             )
             await conn.execute(
                 f"INSERT INTO {schema}.job_attempt (job_id, attempt, queue, kind, outcome, "

@@ -16,7 +16,7 @@ def _statement_files() -> dict[str, str]:
 @pytest.mark.parametrize(
     ("rule", "pattern"),
     [
-        ("a final record is written by job_finish", r"INSERT\s+INTO\s+\S+\.job_history\b"),
+        ("a final record is written by job_move", r"INSERT\s+INTO\s+\S+\.job_history\b"),
     ],
 )
 def test_named_statements_call_the_one_home(rule: str, pattern: str) -> None:
