@@ -1,8 +1,10 @@
-"""What the lifecycle costs a completion that has no dependants: job_complete_many
-(batches of 50) with job_finish as the lifecycle migration defines it (history, then
-job_settle: the job_final announcement and the dependency edges' look-up) beside
-job_finish as 0006 defined it (history only), and as the web console migration defines
-it (the lifecycle's, plus the fingerprints column), interleaved in one run on one
+"""What the lifecycle costs a completion that has no dependants: claims and completions
+(batches of 50) through the completion statement of migrations 0015-0019 (the deleted
+rows handed to job_finish) with job_finish as the lifecycle migration defines it
+(history, then job_settle: the job_final announcement and the dependency edges'
+look-up) beside job_finish as 0006 defined it (history only), and as the web console
+migration defines it (the lifecycle's, plus the fingerprints column); and through
+job_complete_many as it is (job_move, migration 0020); interleaved in one run on one
 schema.
 
 Creates schema ``bench_finish`` (migrated fresh) and drops it at the end.
@@ -20,11 +22,13 @@ import time
 from datetime import timedelta
 
 import asyncpg
+from complete_cpu import JOB_FINISH_ROWS  # (bench/ is the script's directory)
 
 from pgjobd.client import Client
 from pgjobd.migrate import available, migrate
 from pgjobd.queries import for_schema
 from pgjobd.sql_text import render
+from pgjobd.statements import columns
 from pgjobd.statements.job import CompleteRow
 
 SCHEMA = "bench_finish"
@@ -39,7 +43,8 @@ def finish_of(version: int) -> str:
     return render("CREATE OR REPLACE" + text[start + len("CREATE") : end], SCHEMA)
 
 
-async def drain(conn: asyncpg.Connection, client: Client, n: int) -> float:
+async def drain(conn: asyncpg.Connection, client: Client, n: int, sql: str) -> float:
+    """Jobs/s of claiming and completing n jobs, the completions by `sql`."""
     q = for_schema(SCHEMA)
     await conn.execute(f"TRUNCATE {SCHEMA}.job, {SCHEMA}.job_history")
     for start in range(0, n, 10_000):
@@ -47,7 +52,9 @@ async def drain(conn: asyncpg.Connection, client: Client, n: int) -> float:
     await conn.execute(f"ANALYZE {SCHEMA}.job")
     started = time.perf_counter()
     while claimed := await q.job_claim(conn, "default", BATCH, "bench", timedelta(minutes=5)):
-        await q.job_complete_many(conn, [CompleteRow(j.id, j.fence, None, True) for j in claimed])
+        await conn.fetch(
+            sql, *columns([CompleteRow(j.id, j.fence, None, True) for j in claimed], 4)
+        )
     return n / (time.perf_counter() - started)
 
 
@@ -78,7 +85,10 @@ async def main(args: argparse.Namespace) -> None:
         # completion's insert only checks its predicate): what that index costs.
         "web_console_no_dead_idx": finish_of(version["web_console"])
         + f"; DROP INDEX IF EXISTS {SCHEMA}.job_history_dead_at_idx",
+        # job_complete_many as it is: job_move, which does not call job_finish.
+        "job_move": finish_of(version["web_console"]),
     }
+    rows_form, now = render(JOB_FINISH_ROWS, SCHEMA), for_schema(SCHEMA).sql("job_complete_many")
     restore = (
         f"CREATE INDEX IF NOT EXISTS job_history_dead_at_idx ON {SCHEMA}.job_history "
         "(finished_at) INCLUDE (fingerprint, reason, kind, queue) WHERE state = 'dead'"
@@ -91,10 +101,9 @@ async def main(args: argparse.Namespace) -> None:
             for name, body in list(bodies.items())[:: 1 if rep % 2 == 0 else -1]:
                 await conn.execute(restore)
                 await conn.execute(body)
-                rates[name].append(await drain(conn, client, args.jobs))
-                print(
-                    f"rep {rep + 1} job_finish of {name}: {rates[name][-1]:,.0f} jobs/s", flush=True
-                )
+                sql = now if name == "job_move" else rows_form
+                rates[name].append(await drain(conn, client, args.jobs, sql))
+                print(f"rep {rep + 1} {name}: {rates[name][-1]:,.0f} jobs/s", flush=True)
     finally:
         await pool.close()
         await conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
@@ -103,6 +112,7 @@ async def main(args: argparse.Namespace) -> None:
         ("lifecycle", "0006"),
         ("web_console", "lifecycle"),
         ("web_console", "web_console_no_dead_idx"),
+        ("job_move", "web_console"),
     ):
         ratios = [a / b for a, b in zip(rates[new], rates[old], strict=True)]
         print(
