@@ -32,13 +32,17 @@ from pgjobd.sql_text import render
 
 SCHEMA = "bench_complete"
 BATCH = 50
-ONE_STATEMENT = """
+# The completions' fence-checked DELETE, as the forms before job_move began.
+FINISHED = """
 WITH finished AS (
     DELETE FROM {{schema}}.job AS j
     USING unnest($1::bigint[], $2::bigint[], $3::text[], $4::boolean[])
           AS o(id, fence, result, keep)
     WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.fence = o.fence
-    RETURNING j.*, o.result, o.keep
+"""
+ONE_STATEMENT = (
+    FINISHED
+    + """    RETURNING j.*, o.result, o.keep
 ), recorded AS (
     INSERT INTO {{schema}}.job_history (id, finished_at, run_at, enqueued_at, attempted_at,
         attempt, max_attempts, priority, state, queue, kind, tenant, unique_key, owner,
@@ -52,6 +56,7 @@ WITH finished AS (
 )
 SELECT f.id, f.fence FROM finished AS f
 """
+)
 # The same one statement doing what finishing does since the lifecycle (0010, 0015):
 # announce every id on job_final, settle the jobs something depends on. Beside "now",
 # what giving history writes one home (job_finish) costs by itself.
@@ -71,13 +76,9 @@ WHERE (SELECT count(*) FROM announced) >= 0 AND (SELECT count(*) FROM settled) >
 
 # The completion statement of migrations 0015-0019: the caller's DELETE ... RETURNING
 # hands job_finish the rows it deleted.
-JOB_FINISH_ROWS = """
-WITH finished AS (
-    DELETE FROM {{schema}}.job AS j
-    USING unnest($1::bigint[], $2::bigint[], $3::text[], $4::boolean[])
-          AS o(id, fence, result, keep)
-    WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.fence = o.fence
-    RETURNING j AS job, j.id, j.fence, o.result, o.keep
+JOB_FINISH_ROWS = (
+    FINISHED
+    + """    RETURNING j AS job, j.id, j.fence, o.result, o.keep
 ), recorded AS (
     SELECT {{schema}}.job_finish(array_agg(f.job), NULL, array_agg((f.job).last_error),
                                  array_agg(f.result::jsonb), array_agg(f.keep))
@@ -85,6 +86,7 @@ WITH finished AS (
 )
 SELECT f.id, f.fence FROM finished AS f CROSS JOIN recorded
 """
+)
 
 
 def cpu_ns(pid: int) -> int:

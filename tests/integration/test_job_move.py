@@ -6,6 +6,7 @@ on the row version they move, whatever changes the row while they wait for it.""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -93,6 +94,19 @@ async def _while_waiting(
     return held, waited[0]
 
 
+async def _lease_expired(
+    conn: asyncpg.Connection, q: Queries, max_attempts: int
+) -> tuple[int, int]:
+    """(id, fence) of a job running with its lease expired, on its first attempt."""
+    await _enqueue(conn, q.schema, 1, max_attempts=max_attempts)
+    [(job_id, fence)] = await _claim(conn, q, 1)
+    await conn.execute(
+        f"UPDATE {q.schema}.job SET lease_expires_at = now() - interval '1 s' WHERE id = $1",
+        job_id,
+    )
+    return job_id, fence
+
+
 def _failed(job_id: int, fence: int) -> FailRow:
     return FailRow(job_id, fence, "failed", 100, timedelta(0), "E", "boom", None, 0.1, True, None)
 
@@ -157,12 +171,7 @@ async def test_a_failure_that_waits_on_the_reaper_changes_nothing_the_reaper_end
     same attempt, waiting for the row meanwhile, finds its fence gone: one ending, the
     reaper's, with one attempt row and at most one final record."""
     q = for_schema(schema)
-    await _enqueue(conn, schema, 1, max_attempts=5 if attempts_left else 1)
-    [(job_id, fence)] = await _claim(conn, q, 1)
-    await conn.execute(
-        f"UPDATE {schema}.job SET lease_expires_at = now() - interval '1 s' WHERE id = $1",
-        job_id,
-    )
+    job_id, fence = await _lease_expired(conn, q, max_attempts=5 if attempts_left else 1)
     reaper, member = sessions
     reaped, recorded = await _while_waiting(
         conn,
@@ -192,12 +201,7 @@ async def test_the_reaper_passes_over_a_job_whose_failure_is_being_recorded(
     """The failure holds the row (its transaction still open) when the reaper comes:
     the reaper skips it, and the failure's ending is the only one."""
     q = for_schema(schema)
-    await _enqueue(conn, schema, 1, max_attempts=5 if attempts_left else 1)
-    [(job_id, fence)] = await _claim(conn, q, 1)
-    await conn.execute(
-        f"UPDATE {schema}.job SET lease_expires_at = now() - interval '1 s' WHERE id = $1",
-        job_id,
-    )
+    job_id, fence = await _lease_expired(conn, q, max_attempts=5 if attempts_left else 1)
     member, reaper = sessions
     async with member.transaction():
         recorded = await q.job_fail_many(member, [_failed(job_id, fence)], "member-a")
@@ -243,21 +247,13 @@ async def test_job_move_moves_exactly_the_jobs_whose_fence_holds_or_was_not_give
         for _, fence, which, _ in given_
     ]
     keep = [k for _, _, _, k in given_]
-    heard: list[str] = []
-
-    def hear(*args: object) -> None:
-        heard.append(str(args[-1]))
-
-    await conn.add_listener(f"{schema}.job_final", hear)
-    try:
+    async with _listening(conn, schema) as heard:
         moved = await conn.fetch(
             f"SELECT id, fence FROM {schema}.job_move($1::bigint[], $2::bigint[], NULL, "
             "NULL, NULL, $3::boolean[])",
             ids, fences, keep,
         )  # fmt: skip
         await wait_until(lambda: _heard_all(heard, moved), timeout_s=5)
-    finally:
-        await conn.remove_listener(f"{schema}.job_final", hear)
     matched = {(job_id, fence, k) for job_id, fence, which, k in given_ if which != "stale"}
     expected = {(job_id, fence) for job_id, fence, _ in matched}
     assert {(r["id"], r["fence"]) for r in moved} == expected
@@ -268,6 +264,21 @@ async def test_job_move_moves_exactly_the_jobs_whose_fence_holds_or_was_not_give
     assert sorted(kept) == sorted(job_id for job_id, _, k in matched if k is not False)
     announced = [int(x) for payload in heard for x in payload.split(",")]
     assert sorted(announced) == sorted(job_id for job_id, _ in expected)
+
+
+@asynccontextmanager
+async def _listening(conn: asyncpg.Connection, schema: str) -> AsyncIterator[list[str]]:
+    """The payloads announced on <schema>.job_final while inside, as they arrive."""
+    heard: list[str] = []
+
+    def hear(*args: object) -> None:
+        heard.append(str(args[-1]))
+
+    await conn.add_listener(f"{schema}.job_final", hear)
+    try:
+        yield heard
+    finally:
+        await conn.remove_listener(f"{schema}.job_final", hear)
 
 
 async def _heard_all(heard: list[str], moved: Sequence[object]) -> bool:
@@ -282,21 +293,13 @@ async def test_every_job_moved_is_announced_at_most_400_to_a_notification(
     not, on <schema>.job_final, its ids joined by ',', at most 400 to a payload."""
     await _enqueue(conn, schema, 901)
     ids = [r["id"] for r in await conn.fetch(f"SELECT id FROM {schema}.job ORDER BY id")]
-    heard: list[str] = []
-
-    def hear(*args: object) -> None:
-        heard.append(str(args[-1]))
-
-    await conn.add_listener(f"{schema}.job_final", hear)
-    try:
+    async with _listening(conn, schema) as heard:
         moved = await conn.fetchval(
             f"SELECT count(*) FROM {schema}.job_move($1::bigint[], NULL, NULL, NULL, NULL, "
             "$2::boolean[])",
             ids, [i % 2 == 0 for i in range(len(ids))],
         )  # fmt: skip
         await wait_until(lambda: _heard_all(heard, ids), timeout_s=5)
-    finally:
-        await conn.remove_listener(f"{schema}.job_final", hear)
     assert moved == len(ids)
     payloads = [[int(x) for x in p.split(",")] for p in heard]
     assert max(len(p) for p in payloads) <= 400 and len(payloads) == 3
