@@ -214,9 +214,12 @@ ORDER BY h.id, h.finished_at DESC;
 -- $1 ids of pending jobs, $2 ids of running jobs
 WITH cancelled AS (
     SELECT m.id
-    FROM (SELECT array_agg(j.id) AS ids
-          FROM {{schema}}.job AS j
-          WHERE j.id = ANY($1::bigint[]) AND j.state <> 'running'
+    -- (Locked already; FOR UPDATE keeps the state read here the one job_move deletes
+    -- even for a caller that did not lock them.)
+    FROM (SELECT array_agg(p.id) AS ids
+          FROM (SELECT j.id FROM {{schema}}.job AS j
+                WHERE j.id = ANY($1::bigint[]) AND j.state <> 'running'
+                FOR UPDATE) AS p
           HAVING count(*) > 0) AS a
     CROSS JOIN LATERAL {{schema}}.job_move(
         a.ids, NULL, array_fill('cancelled'::text, ARRAY[cardinality(a.ids)])) AS m

@@ -243,6 +243,7 @@ WITH o AS (
     -- so would invite the planner to scan job_running_idx, whose dead entries from
     -- recently finished jobs it underestimates; "j.id = ANY" makes it look up by key.
     WHERE j.id = ANY($1::bigint[])
+    ORDER BY j.id  -- (locked in id order, as admin actions lock theirs)
     FOR UPDATE OF j
 ), retried AS (
     UPDATE {{schema}}.job AS j
