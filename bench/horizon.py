@@ -38,16 +38,13 @@ import statistics
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any
 
 import asyncpg
+from common import explain_job_path, hot_table_stats
 from throughput import DEFAULT_DSN, Harness, Member, Round, drain, spread, verdict
 
 from pgjobd.client import Client
 from pgjobd.migrate import migrate
-from pgjobd.queries import for_schema
-from pgjobd.statements.job import CompleteRow
 
 SCHEMA = "bench_horizon"
 METRICS_PORT = 19464
@@ -99,12 +96,7 @@ def histogram_figures(buckets: dict[float, float]) -> tuple[int, float, float]:
 
 
 async def dead_tuples(admin: asyncpg.Connection) -> int:
-    await admin.execute("SELECT pg_stat_clear_snapshot()")
-    value = await admin.fetchval(
-        "SELECT n_dead_tup FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'job'",
-        SCHEMA,
-    )
-    return int(value or 0)
+    return (await hot_table_stats(admin, SCHEMA))[2]
 
 
 async def one_drain(h: Harness, client: Client, rnd: Round, n: int, phase: str, *,
@@ -127,34 +119,6 @@ async def one_drain(h: Harness, client: Client, rnd: Round, n: int, phase: str, 
     return sample
 
 
-async def explain(admin: asyncpg.Connection, client: Client, n: int, label: str) -> None:
-    """EXPLAIN (ANALYZE, BUFFERS) of the claim, completion, promotion and reaper
-    statements on the tables as they are (each rolled back), over n new jobs."""
-    q = for_schema(SCHEMA)
-    await Harness(DEFAULT_DSN, admin, admin, SCHEMA).reset_and_enqueue(client, n, fresh=False)
-    lease = timedelta(seconds=30)
-    claimed = await q.job_claim(admin, "default", 50, "bench-explain", lease)
-    ids, fences = [r.id for r in claimed], [r.fence for r in claimed]
-    term = await q.leader_term_begin(admin, "bench-explain")
-    statements: list[tuple[str, tuple[Any, ...]]] = [
-        ("job_claim", ("default", 50, "bench-explain", lease)),
-        ("job_complete_many", (ids, fences, [None] * len(ids), [True] * len(ids))),
-        ("job_reap_expired", (term, timedelta(0), 50, ["default"], [3], 3, "f")),
-        ("job_promote_due", (50,)),
-    ]
-    for name, args in statements:
-        transaction = admin.transaction()
-        await transaction.start()
-        try:
-            rows = await admin.fetch(f"EXPLAIN (ANALYZE, BUFFERS) {q.sql(name)}", *args)
-        finally:
-            await transaction.rollback()
-        print(f"\n-- {name} ({label}):\n" + "\n".join(r[0] for r in rows))
-    rows = [CompleteRow(i, f, None, True) for i, f in zip(ids, fences, strict=True)]
-    await q.job_complete_many(admin, rows)
-    # the rest of the n jobs: the next drain takes them
-
-
 async def hold(dsn: str) -> asyncpg.Connection:
     """A session in a REPEATABLE READ transaction that has read something: its snapshot
     holds the xmin horizon until it ends."""
@@ -170,15 +134,19 @@ async def run_rep(h: Harness, client: Client, rnd: Round, args: argparse.Namespa
     start = time.monotonic()
     for _ in range(args.free):
         rep.samples.append(await one_drain(h, client, rnd, args.n, "free", phase_start=start))
+    if args.explain:
+        plans = await explain_job_path(h.admin, client, SCHEMA)
+        print("  free, buffers: " + ", ".join(f"{p.statement} {p.buffers}" for p in plans))
     holder = await hold(h.dsn)
     try:
         start = time.monotonic()
         while time.monotonic() - start < args.hold or len(rep.rates("held")) < 3:
             rep.samples.append(await one_drain(h, client, rnd, args.n, "held", phase_start=start))
         if args.explain:
-            await explain(
-                h.admin, client, args.n, f"{rnd.key}, held {time.monotonic() - start:.0f} s"
-            )
+            held_s = time.monotonic() - start
+            for plan in await explain_job_path(h.admin, client, SCHEMA):
+                print(f"\n-- {plan.statement} ({rnd.key}, held {held_s:.0f} s): "
+                      f"{plan.buffers} buffers\n{plan.text}")  # fmt: skip
     finally:
         await holder.execute("COMMIT")
         await holder.close()
