@@ -2,12 +2,19 @@
 
 - explain_job_path: EXPLAIN (ANALYZE, BUFFERS) of the job path's statements on the
   tables as they are, each rolled back;
-- hot_table_stats: size, live and dead rows of a schema's hot table.
+- hot_table_stats: size, live and dead rows of a schema's hot table;
+- server: the DSN to run on: --dsn's, or a private throwaway cluster (--private);
+- autovacuum_note: what the server's autovacuum does, said plainly (off, it changes
+  what a horizon or a soak measures: nothing is vacuumed).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -16,6 +23,7 @@ import asyncpg
 from throughput import Harness
 
 from pgjobd.client import Client
+from pgjobd.embedded import Cluster
 from pgjobd.queries import for_schema
 from pgjobd.statements.job import CompleteRow
 
@@ -86,3 +94,36 @@ async def hot_table_stats(admin: asyncpg.Connection, schema: str) -> tuple[int, 
         schema,
     )
     return int(row[0]), int(row[1]), int(row[2])
+
+
+def add_server_options(parser: argparse.ArgumentParser, default_dsn: str) -> None:
+    parser.add_argument("--dsn", default=os.environ.get("PGJOBD_DSN", default_dsn))
+    parser.add_argument("--private", action="store_true",
+                        help="run on a private throwaway cluster (PGJOBD_PG_BIN picks its "
+                        "binaries; autovacuum on, nobody else's snapshots), not --dsn")  # fmt: skip
+
+
+@contextlib.contextmanager
+def server(args: argparse.Namespace) -> Iterator[str]:
+    """The DSN to run on: --dsn, or a private throwaway cluster for --private."""
+    if not args.private:
+        yield args.dsn
+        return
+    cluster = Cluster.throwaway()
+    cluster.init()
+    cluster.start()
+    try:
+        yield cluster.dsn("postgres")
+    finally:
+        cluster.stop()
+
+
+async def autovacuum_note(admin: asyncpg.Connection) -> str:
+    row = await admin.fetchrow(
+        "SELECT current_setting('server_version') AS version, current_setting('autovacuum') AS on,"
+        " current_setting('autovacuum_naptime') AS naptime"
+    )
+    note = f"PostgreSQL {row['version']}, autovacuum {row['on']}, naptime {row['naptime']}"
+    if row["on"] != "on":
+        note += " (OFF: nothing vacuums the hot table; dead rows only grow)"
+    return note

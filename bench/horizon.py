@@ -40,7 +40,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 import asyncpg
-from common import explain_job_path, hot_table_stats
+from common import add_server_options, autovacuum_note, explain_job_path, hot_table_stats, server
 from throughput import DEFAULT_DSN, Harness, Member, Round, drain, spread, verdict
 
 from pgjobd.client import Client
@@ -189,6 +189,7 @@ def report(reps: list[Rep], rounds: list[Round], recover_s: float) -> None:
 async def main(args: argparse.Namespace) -> list[Rep]:
     rounds = [Round.parse(text) for text in args.rounds.split(",")]
     admin = await asyncpg.connect(args.dsn)
+    print(f"{await autovacuum_note(admin)}; load average {os.getloadavg()[0]:.2f}", flush=True)
     await admin.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
     reps: list[Rep] = []
     try:
@@ -214,7 +215,7 @@ async def main(args: argparse.Namespace) -> list[Rep]:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dsn", default=os.environ.get("PGJOBD_DSN", DEFAULT_DSN))
+    add_server_options(parser, DEFAULT_DSN)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--n", type=int, default=20_000, help="jobs per drain")
     parser.add_argument("--rounds", default="2:100:all,2:20:all",
@@ -236,7 +237,10 @@ if __name__ == "__main__":
     arguments = parse_args()
     import uvloop
 
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+    with (
+        asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
+        server(arguments) as arguments.dsn,
+    ):
         measured = runner.run(main(arguments))
     if arguments.json:
         with open(arguments.json, "w") as out:

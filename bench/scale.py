@@ -36,7 +36,14 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
-from common import EXPLAIN_BATCH, explain_job_path, hot_table_stats
+from common import (
+    EXPLAIN_BATCH,
+    add_server_options,
+    autovacuum_note,
+    explain_job_path,
+    hot_table_stats,
+    server,
+)
 from throughput import DEFAULT_DSN, Harness, Round, drain, spread, verdict
 
 from pgjobd.client import Client
@@ -110,6 +117,7 @@ async def seed(admin: asyncpg.Connection, future: int, history: int, days: int) 
 async def main(args: argparse.Namespace) -> None:
     rnd = Round.parse(args.round)
     admin = await asyncpg.connect(args.dsn)
+    print(f"{await autovacuum_note(admin)}; load average {os.getloadavg()[0]:.2f}", flush=True)
     clients: dict[str, Client] = {}
     for schema in (BIG, EMPTY):
         await admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
@@ -164,7 +172,7 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dsn", default=os.environ.get("PGJOBD_DSN", DEFAULT_DSN))
+    add_server_options(parser, DEFAULT_DSN)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--n", type=int, default=20_000, help="jobs per drain")
     parser.add_argument("--future", type=int, default=1_000_000)
@@ -179,5 +187,8 @@ if __name__ == "__main__":
     arguments = parse_args()
     import uvloop
 
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+    with (
+        asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
+        server(arguments) as arguments.dsn,
+    ):
         runner.run(main(arguments))

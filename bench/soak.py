@@ -21,10 +21,12 @@ the enqueue rate fixed, it falls only when the member stops keeping up), and the
 the largest hot-table size, dead rows and RSS, the RSS at the end against the first
 sample, the partitions. ``--ci`` (the chaos smoke's short run: ``python -m chaos smoke``
 runs ``--minutes 2 --ci`` on its own private server) asserts loose bounds instead and
-exits 1 on a breach: nothing lost or duplicated, the hot table under 256 MiB (vacuum may come a minute late), RSS at the
-end under 1.5x the first sample + 20 MiB; no throughput ratio.
+exits 1 on a breach: nothing lost or duplicated, the hot table under 256 MiB (vacuum
+may come a minute late), RSS at the end under 1.5x the first sample + 20 MiB; no
+throughput ratio.
 
     .venv/bin/python bench/soak.py [--minutes 30] [--load 0.5] [--round 2:20:all] [--ci]
+        [--private]   # on a throwaway cluster of its own (autovacuum on)
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import asyncpg
-from common import hot_table_stats
+from common import add_server_options, autovacuum_note, hot_table_stats, server
 from throughput import DEFAULT_DSN, Harness, Round, children_of, drain, member, verdict
 
 from pgjobd.client import Client, JobSpec
@@ -176,6 +178,7 @@ def report(samples: list[Sample], enqueued: int, lost: list[str], args: argparse
 async def main(args: argparse.Namespace) -> bool:
     rnd = Round.parse(args.round)
     admin = await asyncpg.connect(args.dsn)
+    print(f"{await autovacuum_note(admin)}; load average {os.getloadavg()[0]:.2f}", flush=True)
     await admin.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
     try:
         await migrate(admin, SCHEMA)
@@ -236,7 +239,7 @@ async def main(args: argparse.Namespace) -> bool:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dsn", default=os.environ.get("PGJOBD_DSN", DEFAULT_DSN))
+    add_server_options(parser, DEFAULT_DSN)
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--load", type=float, default=0.5, help="share of capacity")
     parser.add_argument("--capacity-n", type=int, default=10_000)
@@ -250,6 +253,9 @@ if __name__ == "__main__":
     arguments = parse_args()
     import uvloop
 
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+    with (
+        asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
+        server(arguments) as arguments.dsn,
+    ):
         ok = runner.run(main(arguments))
     sys.exit(0 if ok else 1)
