@@ -44,7 +44,8 @@ from pathlib import Path
 
 import asyncpg
 from common import add_server_options, autovacuum_note, hot_table_stats, server
-from throughput import DEFAULT_DSN, Harness, Round, children_of, drain, member, verdict
+from procstat import children_of
+from throughput import DEFAULT_DSN, Harness, Round, drain, member, verdict
 
 from pgjobd.client import Client, JobSpec
 from pgjobd.migrate import migrate
