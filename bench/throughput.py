@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -135,16 +135,18 @@ class Results:
 class Member:
     """One `pgjobd run` subprocess with a config of its own in `rundir`."""
 
-    def __init__(self, dsn: str, rundir: Path, rnd: Round) -> None:
+    def __init__(self, dsn: str, rundir: Path, rnd: Round, *, schema: str = SCHEMA,
+                 metrics_listen: str = "", extra: str = "") -> None:  # fmt: skip
+        """extra: TOML appended to the config (more [queues.x] tables, [retention]...)."""
         self.rundir = rundir
         config = rundir / "pgjobd.toml"
         config.write_text(
-            f'[database]\nschema = "{SCHEMA}"\n\n'
+            f'[database]\nschema = "{schema}"\n\n'
             f"[daemon]\nhandlers = [{json.dumps(str(HANDLERS))}]\n"
-            'metrics_listen = ""\nlog_format = "text"\nlog_level = "warning"\n'
+            f'metrics_listen = "{metrics_listen}"\nlog_format = "text"\nlog_level = "warning"\n'
             'drain_timeout = "10s"\n\n'
             f"[queues.default]\nconcurrency = {rnd.concurrency}\n"
-            f'processes = {rnd.processes}\nhistory = "{rnd.history}"\n'
+            f'processes = {rnd.processes}\nhistory = "{rnd.history}"\n{extra}'
         )
         env = os.environ | {"PGJOBD_DSN": dsn, "PGJOBD_BENCH_DIR": str(rundir)}
         self.log = (rundir / "member.log").open("w")
@@ -186,9 +188,10 @@ class Member:
 
 
 @contextlib.asynccontextmanager
-async def member(dsn: str, rnd: Round, prefix: str) -> AsyncIterator[Member]:
+async def member(dsn: str, rnd: Round, prefix: str, **options: Any) -> AsyncIterator[Member]:
+    """A running member; options go to Member (schema, metrics_listen, extra)."""
     with tempfile.TemporaryDirectory(prefix=f"pgjobd_{prefix}_") as rundir:
-        running = Member(dsn, Path(rundir), rnd)
+        running = Member(dsn, Path(rundir), rnd, **options)
         try:
             yield running
         finally:
@@ -204,24 +207,36 @@ async def member(dsn: str, rnd: Round, prefix: str) -> AsyncIterator[Member]:
 class Harness:
     """The harness' own sessions: admin (setup, counts) and poller (counted polls)."""
 
-    def __init__(self, dsn: str, admin: asyncpg.Connection, poller: asyncpg.Connection) -> None:
+    def __init__(self, dsn: str, admin: asyncpg.Connection, poller: asyncpg.Connection,
+                 schema: str = SCHEMA) -> None:  # fmt: skip
         self.dsn = dsn
         self.admin = admin
         self.poller = poller
         self.polls = 0
-        self.t = f"{SCHEMA}.job"
+        self.schema = schema
+        self.t = f"{schema}.job"
 
-    async def reset_and_enqueue(self, client: Client, n: int, kind: str = "bench_noop") -> None:
-        await self.admin.execute(
-            f"TRUNCATE {SCHEMA}.job, {SCHEMA}.job_history, {SCHEMA}.job_attempt"
-        )
+    async def reset_and_enqueue(self, client: Client, n: int, kind: str = "bench_noop",
+                                *, fresh: bool = True) -> int:  # fmt: skip
+        """Enqueue n jobs (after emptying the tables when fresh); the lowest new id.
+        Not fresh: what the tables hold stays (dead tuples, future jobs, history)."""
+        if fresh:
+            await self.admin.execute(
+                f"TRUNCATE {self.t}, {self.schema}.job_history, {self.schema}.job_attempt"
+            )
+        first_id: int = await self.admin.fetchval(
+            "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'id')), 0) + 1",
+            self.t,
+        )  # ids only grow: every id from here on is one of ours
         for start in range(0, n, 10_000):
             await client.enqueue_many(
                 [(kind, {"i": i}) for i in range(start, min(n, start + 10_000))]
             )
-        if (count := await self.admin.fetchval(f"SELECT count(*) FROM {self.t}")) != n:
+        count = await self.admin.fetchval(f"SELECT count(*) FROM {self.t} WHERE id >= $1", first_id)
+        if count != n:
             raise RuntimeError(f"expected {n} jobs enqueued, found {count}")
         await self.admin.execute(f"ANALYZE {self.t}")
+        return first_id
 
     async def poll(self, sql: str, done: Callable[[Any], bool], running: Member,
                    interval_s: float = POLL_S, timeout_s: float = 300.0) -> float:  # fmt: skip
@@ -269,21 +284,33 @@ class Harness:
 
 async def drain(h: Harness, client: Client, rnd: Round, n: int, *, dsn: str | None = None,
                 prefix: str = "drain", on_ready: Callable[[Member], None] | None = None,
-                ) -> Drain:  # fmt: skip
-    await h.reset_and_enqueue(client, n)
+                fresh: bool = True, on_done: Callable[[Member], Awaitable[None]] | None = None,
+                **options: Any) -> Drain:  # fmt: skip
+    """Drain n new no-op jobs with one member (options: see Member). Not fresh: the
+    tables keep what they hold; the drain ends when no job is available or running.
+    on_done runs once the drain is seen done, before the member stops."""
+    first_id = await h.reset_and_enqueue(client, n, fresh=fresh)
     await asyncio.sleep(1.2)  # idle sessions report their transaction counts within 1 s
     xacts_before, polls_before = await h.xacts(), h.polls
     lsn = await h.wal_lsn()
-    async with member(dsn or h.dsn, rnd, prefix) as running:
+    async with member(dsn or h.dsn, rnd, prefix, schema=h.schema, **options) as running:
         if on_ready is not None:
             on_ready(running)
         # The member row appears once the workers are ready, just before claiming starts.
-        await h.poll(f"SELECT count(*) FROM {SCHEMA}.member", lambda v: v > 0, running, 0.01)
+        await h.poll(f"SELECT count(*) FROM {h.schema}.member", lambda v: v > 0, running, 0.01)
         supervisor = running.process.pid
         before = cpu_snapshot([supervisor, os.getpid(), *children_of(supervisor), *postgres_pids()])
-        done_at = await h.poll(
-            f"SELECT count(*) FROM (SELECT 1 FROM {h.t} LIMIT 1) AS s", lambda v: v == 0, running
-        )
+        if fresh:
+            done_at = await h.poll(f"SELECT count(*) FROM (SELECT 1 FROM {h.t} LIMIT 1) AS s",
+                                   lambda v: v == 0, running)  # fmt: skip
+        elif rnd.history == "all":  # the hot table's dead rows do not slow this poll
+            done_at = await h.poll(
+                f"SELECT count(*) FROM {h.schema}.job_history WHERE id >= {first_id}",
+                lambda v: v >= n, running)  # fmt: skip
+        else:
+            done_at = await h.poll(
+                f"SELECT count(*) FROM (SELECT 1 FROM {h.t} WHERE id >= {first_id} LIMIT 1) s",
+                lambda v: v == 0, running)  # fmt: skip
         # Roles as at the end: pool sessions opened during the drain count from their start.
         backends, pg_all = await h.backend_pids(), postgres_pids()
         roles = {"supervisor": [supervisor], "workers": children_of(supervisor),
@@ -291,20 +318,23 @@ async def drain(h: Harness, client: Client, rnd: Round, n: int, *, dsn: str | No
                  "harness": [os.getpid()]}  # fmt: skip
         cpu = cpu_split(before, cpu_snapshot([p for pids in roles.values() for p in pids]), roles)
         first = running.first_start()
+        if on_done is not None:
+            await on_done(running)
     wal = await h.wal_since(lsn)
     await asyncio.sleep(1.2)  # idle backends report their transaction counts within 1 s
     xacts = await h.xacts() - xacts_before - (h.polls - polls_before)
-    kept = await h.admin.fetchval(f"SELECT count(*) FROM {SCHEMA}.job_history")
-    attempts = await h.admin.fetchval(f"SELECT count(*) FROM {SCHEMA}.job_attempt")
-    left = await h.admin.fetchval(f"SELECT count(*) FROM {h.t}")
+    ours = f"WHERE id >= {first_id}"
+    kept = await h.admin.fetchval(f"SELECT count(*) FROM {h.schema}.job_history {ours}")
+    attempts = await h.admin.fetchval(f"SELECT count(*) FROM {h.schema}.job_attempt")
+    left = await h.admin.fetchval(f"SELECT count(*) FROM {h.t} {ours}")
     if left or attempts or kept != (n if rnd.history == "all" else 0):
         raise RuntimeError(f"{rnd.key}: {left} jobs left, {attempts} failed attempts, "
                            f"{kept} final records for {n} jobs")  # fmt: skip
     exact = first_rate = last_rate = None
     if rnd.history == "all":
         ends = [row[0] for row in await h.admin.fetch(
-            f"SELECT extract(epoch FROM finished_at)::float8 FROM {SCHEMA}.job_history "
-            "ORDER BY finished_at")]  # fmt: skip
+            f"SELECT extract(epoch FROM finished_at)::float8 FROM {h.schema}.job_history "
+            f"{ours} ORDER BY finished_at")]  # fmt: skip
         exact = ends[-1] - first
         edge = min(EDGE_JOBS, n // 4)
         first_rate = edge / (ends[edge - 1] - first)

@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
+
+from pgjobd.embedded import Cluster
 
 from .invariants import check, check_limits
 from .runner import LEASE_S, Options, Run, log
 from .scenarios import LIMITED_CONCURRENCY, LIMITED_RATE, SCENARIOS, SMOKE, Scenario
 
 SMOKE_JOBS, SMOKE_DURATION = 300, 12.0
+SOAK = Path(__file__).resolve().parent.parent / "bench" / "soak.py"
+SMOKE_SOAK_MINUTES = 2
 
 
 async def run_one(scenario: Scenario, options: Options) -> bool:
@@ -107,6 +113,25 @@ async def run_one(scenario: Scenario, options: Options) -> bool:
             log(f"evidence kept in {run.evidence}")
 
 
+def smoke_soak() -> bool:
+    """The smoke's short soak: bench/soak.py --minutes 2 --ci on a private server (retries,
+    snoozes and scheduled jobs at half of capacity; nothing lost, the hot table and the
+    member's RSS bounded; no throughput ratio). Its report goes to stderr, one line to
+    stdout."""
+    cluster = Cluster.throwaway()
+    cluster.init()
+    cluster.start()
+    try:
+        command = [sys.executable, str(SOAK), "--minutes", str(SMOKE_SOAK_MINUTES), "--ci",
+                   "--capacity-n", "5000", "--dsn", cluster.dsn()]  # fmt: skip
+        done = subprocess.run(command, check=False, stdout=sys.stderr, stderr=sys.stderr)
+    finally:
+        cluster.stop()
+    ok = done.returncode == 0
+    print(f"soak: {SMOKE_SOAK_MINUTES} min, bounds {'held' if ok else 'BREACHED'}", flush=True)
+    return ok
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m chaos", description=__doc__)
     parser.add_argument("scenario", choices=[*SCENARIOS, "smoke", "all", "list"])
@@ -140,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
             ok = False  # reported by run_one; the other scenarios still run
         if not ok:
             failed.append(name)
+    if a.scenario == "smoke" and not smoke_soak():
+        failed.append("soak")
     took = time.monotonic() - started
     log(f"{len(names)} scenario(s) in {took:.0f}s; failed: {failed or 'none'}")
     return 1 if failed else 0
