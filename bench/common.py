@@ -11,13 +11,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 from throughput import Harness
@@ -26,6 +27,8 @@ from pgjobd.client import Client
 from pgjobd.embedded import Cluster
 from pgjobd.queries import for_schema
 from pgjobd.statements.job import CompleteRow
+
+T = TypeVar("T")
 
 EXPLAIN_BATCH = 50
 
@@ -116,6 +119,16 @@ def server(args: argparse.Namespace) -> Iterator[str]:
         yield cluster.dsn("postgres")
     finally:
         cluster.stop()
+
+
+def run_on_server(
+    args: argparse.Namespace, main: Callable[[argparse.Namespace], Awaitable[T]]
+) -> T:
+    """main(args) on uvloop, with args.dsn set to the server `server` gives."""
+    import uvloop  # noqa: PLC0415 (only a bench's entry point needs it)
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner, server(args) as args.dsn:
+        return runner.run(main(args))
 
 
 async def autovacuum_note(admin: asyncpg.Connection) -> str:

@@ -40,7 +40,13 @@ import urllib.request
 from dataclasses import dataclass, field
 
 import asyncpg
-from common import add_server_options, autovacuum_note, explain_job_path, hot_table_stats, server
+from common import (
+    add_server_options,
+    autovacuum_note,
+    explain_job_path,
+    hot_table_stats,
+    run_on_server,
+)
 from throughput import DEFAULT_DSN, Harness, Member, Round, drain, spread, verdict
 
 from pgjobd.client import Client
@@ -235,13 +241,7 @@ def parse_args() -> argparse.Namespace:
 
 if __name__ == "__main__":
     arguments = parse_args()
-    import uvloop
-
-    with (
-        asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
-        server(arguments) as arguments.dsn,
-    ):
-        measured = runner.run(main(arguments))
+    measured = run_on_server(arguments, main)
     if arguments.json:
         with open(arguments.json, "w") as out:
             json.dump([{"round": r.round, "samples": [s.__dict__ for s in r.samples]}

@@ -29,7 +29,6 @@ bounded by its batch (50), not by the table: fewer than 25 per claimed row.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import time
@@ -42,7 +41,7 @@ from common import (
     autovacuum_note,
     explain_job_path,
     hot_table_stats,
-    server,
+    run_on_server,
 )
 from throughput import DEFAULT_DSN, Harness, Round, drain, spread, verdict
 
@@ -184,11 +183,4 @@ def parse_args() -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    arguments = parse_args()
-    import uvloop
-
-    with (
-        asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
-        server(arguments) as arguments.dsn,
-    ):
-        runner.run(main(arguments))
+    run_on_server(parse_args(), main)

@@ -43,7 +43,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import asyncpg
-from common import add_server_options, autovacuum_note, hot_table_stats, server
+from common import add_server_options, autovacuum_note, hot_table_stats, run_on_server
 from procstat import children_of
 from throughput import DEFAULT_DSN, Harness, Round, drain, member, verdict
 
@@ -251,12 +251,4 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    arguments = parse_args()
-    import uvloop
-
-    with (
-        asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
-        server(arguments) as arguments.dsn,
-    ):
-        ok = runner.run(main(arguments))
-    sys.exit(0 if ok else 1)
+    sys.exit(0 if run_on_server(parse_args(), main) else 1)
