@@ -303,10 +303,15 @@ class Completer:
         self._count(others, {(r.id, r.fence): r.reason for r in recorded})
 
     async def _announce_room(self, conn: asyncpg.Connection, ended: list[Outcome]) -> None:
+        """Best effort, after the batch is recorded: should it fail, the batch must not
+        be written again (its jobs would count as stale); waiting producers poll."""
         if self.flow_queues:
             queues = {o.job.queue for o in ended} & self.flow_queues
             if queues:
-                await self.q.queue_room_announce(conn, sorted(queues))
+                try:
+                    await self.q.queue_room_announce(conn, sorted(queues))
+                except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as e:
+                    log.debug("could not announce room in queues %s: %s", sorted(queues), e)
 
     def _queue(self, outcome: Outcome) -> QueueConfig:
         return self.queues.get(outcome.job.queue) or self.queues["default"]

@@ -294,3 +294,55 @@ async def test_any_outcome_ends_in_a_recorded_state(
     await completer.flush([Outcome(normal, "completed", result=b'{"ok":1}')])
     assert await world.state(normal.id) == "completed"
     await world.conn.execute(f"TRUNCATE {world.schema}.job, {world.schema}.job_attempt")
+
+
+class _AnnounceRefused(Queries):
+    """The room announcement fails with a real PostgreSQL error, after the batch it
+    follows was recorded."""
+
+    async def queue_room_announce(self, conn: asyncpg.Connection, queues: object) -> None:
+        await conn.execute("SELECT 1 / 0")
+
+
+async def test_a_failed_room_announcement_leaves_the_recorded_batch_alone(world: World) -> None:
+    # Review finding: the announcement ran inside the batch's write, so its failure made
+    # the completer write the batch again, and every job of it counted as stale.
+    jobs = await world.claimed(6)
+    outcomes = [Outcome(j, "completed") for j in jobs[:4]]
+    outcomes += [Outcome(j, "failed", error_message="boom") for j in jobs[4:]]
+    send, receive = anyio.create_memory_object_stream[Outcome](len(outcomes))
+    completer = Completer(world.pool, _AnnounceRefused(world.schema), MEMBER, QUEUES, receive)
+    completer.flow_queues.add("default")
+    async with send:
+        for o in outcomes:
+            send.send_nowait(o)
+    with anyio.fail_after(60):
+        await completer.run()
+    assert (completer.recorded, completer.stale) == (6, 0)
+    assert [await world.state(j.id) for j in jobs] == ["completed"] * 4 + ["retryable"] * 2
+
+
+async def test_the_end_of_a_flow_queues_jobs_is_announced_once_recorded(world: World) -> None:
+    jobs = await world.claimed(3)
+    heard: list[str] = []
+    channel = f"{world.schema}.job_ready"
+
+    def hear(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        heard.append(payload)
+
+    await world.conn.add_listener(channel, hear)
+    try:
+        send, receive = anyio.create_memory_object_stream[Outcome](3)
+        completer = Completer(world.pool, world.q, MEMBER, QUEUES, receive)
+        completer.flow_queues.add("default")
+        async with send:
+            for j in jobs:
+                send.send_nowait(Outcome(j, "completed"))
+        with anyio.fail_after(60):
+            await completer.run()
+            while not heard:  # noqa: ASYNC110 (a notification's arrival, no event)
+                await anyio.sleep(0.01)
+        assert heard == ["default"]
+        assert [await world.state(j.id) for j in jobs] == ["completed"] * 3
+    finally:
+        await world.conn.remove_listener(channel, hear)
