@@ -179,12 +179,13 @@ class Worker:
         self._broken_logged = False
         self._channel: ChildChannel | None = None
         self._results_asked: dict[tuple[int, int], asyncio.Future[Results]] = {}
+        self._orphaned = False  # the input ended: no supervisor to answer
 
     def _results_reader(self, job: ClaimedJob) -> Callable[[], Awaitable[dict[int, Any]]]:
         """ctx.results() in this process: asks the supervisor, which reads them."""
 
         async def read() -> dict[int, Any]:
-            if self._channel is None:
+            if self._channel is None or self._orphaned:
                 raise ResultsUnavailable("no supervisor to read them from")
             key = (job.id, job.fence)
             answer: asyncio.Future[Results] = asyncio.get_running_loop().create_future()
@@ -231,7 +232,18 @@ class Worker:
         except ProtocolError as e:
             orphaned = True
             log.error("unreadable input from the supervisor: %s", e)
+        if orphaned:
+            self._no_more_answers()
         return await self._finish(orphaned)
+
+    def _no_more_answers(self) -> None:
+        """Orphaned: a job waiting for ctx.results() gets ResultsUnavailable now, not
+        a wait until its timeout holds the process (and so its job) that long."""
+        self._orphaned = True
+        for (job_id, fence), answer in self._results_asked.items():
+            if not answer.done():
+                answer.set_result(Results(job_id, fence, error="the supervisor is gone"))
+        self._results_asked.clear()
 
     def _channel_broken(self) -> None:
         """A write found the pipe to the parent broken. With the parent alive, a handler

@@ -126,4 +126,9 @@ def printer(args: dict) -> str:
 @job
 async def not_json(args: dict) -> object:
     return object()
+
+
+@job
+async def asks_results(args: dict, ctx: JobContext) -> dict:
+    return await ctx.results()
 '''

@@ -7,11 +7,21 @@ import sys
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 from anyio.abc import Process
 
 from pgjobd.channel import Channel
-from pgjobd.protocol import EXIT_BOOT, Done, Ready, Run, Stop, ToParent, encode_frame
+from pgjobd.protocol import (
+    EXIT_BOOT,
+    Done,
+    Ready,
+    ResultsWanted,
+    Run,
+    Stop,
+    ToParent,
+    encode_frame,
+)
 
 from .handlers_source import SOURCE
 from .test_supervisor import WAIT_S, handler_dir, make_job
@@ -45,6 +55,25 @@ async def test_orphaned_worker_finishes_its_job_then_exits_0(tmp_path: Path) -> 
             done = await channel.receive()
             assert isinstance(done, Done)
             assert (done.job_id, done.fence, done.verdict) == (job.id, job.fence, "completed")
+            assert await process.wait() == 0
+
+
+async def test_an_orphaned_worker_answers_a_wait_for_results_at_once(tmp_path: Path) -> None:
+    # Found by a flaky leak check: a job waiting for ctx.results() when its member was
+    # killed waited for an answer until its timeout, holding the orphan alive that long.
+    process, channel, _ = await start_worker(tmp_path)
+    job = msgspec.structs.replace(make_job("asks_results"), depends_on=(1,))
+    async with process:
+        await channel.send(Run(job=job, timeout_s=300))
+        with anyio.fail_after(WAIT_S):
+            asked = await channel.receive()
+        assert isinstance(asked, ResultsWanted) and asked.job_id == job.id
+        assert process.stdin is not None
+        await process.stdin.aclose()  # the supervisor is gone before it answers
+        with anyio.fail_after(WAIT_S):
+            done = await channel.receive()
+            assert isinstance(done, Done)
+            assert (done.verdict, done.error_class) == ("failed", "pgjobd.ResultsUnavailable")
             assert await process.wait() == 0
 
 
