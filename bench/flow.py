@@ -22,7 +22,8 @@ Two parts, each in its own fresh schema (``bench_flow``, dropped at the end):
   tenants in a queue with ``fair = true`` against the same jobs without it
   (concurrency 50 each). Timed from the enqueue's commit to an empty hot table.
 
-    .venv/bin/python bench/flow.py [--reps 3] [--n 20000] [--drain-n 5000] [--dsn DSN]
+    .venv/bin/python bench/flow.py [--reps 3] [--n 20000] [--drain-n 5000]
+        [--dsn DSN | --private]
         [--parts claim,drain] [--drains per_member_25x2,global_50,tenants_100,fair_100]
         [--modes baseline,unlimited,no_breaker,limited,every_limit,tenants,fair]
 
@@ -42,6 +43,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
+from common import add_server_options, run_on_server
 
 from pgjobd.config import QueueConfig
 from pgjobd.member.generations import write_queue_limits
@@ -277,8 +279,7 @@ async def drain_part(dsn: str, reps: int, n: int, setups: list[str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dsn", default=os.environ.get(
-        "PGJOBD_DSN", "postgresql://root@127.0.0.1:5432/test"))  # fmt: skip
+    add_server_options(parser, "postgresql://root@127.0.0.1:5432/test")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--n", type=int, default=20000)
     parser.add_argument("--drain-n", type=int, default=5000)
@@ -290,13 +291,17 @@ def main() -> None:
         help="claim modes, the first the ratios' baseline",
     )  # fmt: skip
     args = parser.parse_args()
-    parts = args.parts.split(",")
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    run_on_server(args, run_parts)
+
+
+async def run_parts(args: argparse.Namespace) -> None:
+    parts = args.parts.split(",")
     if "claim" in parts:
         modes = args.modes.split(",")
-        asyncio.run(claim_part(args.dsn, args.reps, args.n, args.sessions, modes))
+        await claim_part(args.dsn, args.reps, args.n, args.sessions, modes)
     if "drain" in parts:
-        asyncio.run(drain_part(args.dsn, args.reps, args.drain_n, args.drains.split(",")))
+        await drain_part(args.dsn, args.reps, args.drain_n, args.drains.split(","))
 
 
 if __name__ == "__main__":

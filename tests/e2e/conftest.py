@@ -8,10 +8,12 @@ to the server, on database.leader_dsn); `pytest -m core tests/e2e` is that leg.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import signal
 import sys
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,14 +78,23 @@ class MemberProcess:
     def __init__(self, process: Process, log_path: Path) -> None:
         self.process = process
         self.log_path = log_path
+        # Signals go through a pidfd, not process.send_signal: that polls the child
+        # first (subprocess.Popen.send_signal) and so can reap it under asyncio's child
+        # watcher, which then reports exit code 255 for a member that exited 0.
+        self._pidfd = os.pidfd_open(process.pid)
+        weakref.finalize(self, os.close, self._pidfd)
+
+    def send_signal(self, sig: int) -> None:
+        """Signal the member unless it has ended; never another process that took its pid."""
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(self._pidfd, sig)
 
     @property
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
     async def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30) -> int:
-        if self.process.returncode is None:
-            self.process.send_signal(sig)
+        self.send_signal(sig)
         with anyio.move_on_after(timeout_s):
             return await self.process.wait()
         self.process.kill()

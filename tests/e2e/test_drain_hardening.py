@@ -226,7 +226,7 @@ async def test_a_claim_in_flight_at_sigterm_is_handed_over_not_stranded(
         member = await start_member(QUEUES, daemon=JSON_LOG, handlers=handlers_dir(tmp_path))
         job_id = await enqueue(conn, schema, "quick")
         await wait_until(lambda: claim_waiting(conn), what="a claim in flight")
-        member.process.send_signal(signal.SIGTERM)
+        member.send_signal(signal.SIGTERM)
         await wait_for_event(member, "member.draining")
         await holder.execute("SELECT pg_advisory_unlock($1)", HOOK_KEY)
         assert await member.stop() == 0
@@ -245,7 +245,7 @@ async def test_a_claim_in_flight_at_reload_is_handed_over_not_stranded(
         )
         job_id = await enqueue(conn, schema, "quick")
         await wait_until(lambda: claim_waiting(conn), what="a claim in flight")
-        member.process.send_signal(signal.SIGHUP)
+        member.send_signal(signal.SIGHUP)
         await wait_for_event(member, "member.reloaded")
         await holder.execute("SELECT pg_advisory_unlock($1)", HOOK_KEY)
 
@@ -331,7 +331,7 @@ async def test_a_job_claimed_again_by_its_member_keeps_its_live_attempt(
 
 
 async def exit_status_after_sigterm(member: MemberProcess) -> int:
-    member.process.send_signal(signal.SIGTERM)
+    member.send_signal(signal.SIGTERM)
     return await exit_status(member)
 
 
@@ -379,10 +379,10 @@ async def test_no_handler_runs_once_its_job_was_given_back(
     )
     job_id = await enqueue(conn, schema, "spins", {"started": str(started)})
     worker = await read_pid(started)
-    member.process.send_signal(signal.SIGTERM)
+    member.send_signal(signal.SIGTERM)
     if how == "second_sigterm":
         await wait_for_event(member, "member.draining")
-        member.process.send_signal(signal.SIGTERM)
+        member.send_signal(signal.SIGTERM)
 
     async def given_back() -> bool:
         state = await conn.fetchval(f"SELECT state::text FROM {schema}.job WHERE id = $1", job_id)

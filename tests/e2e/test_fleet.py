@@ -75,7 +75,7 @@ async def test_one_leader_among_three_and_fast_takeover(
     # Killed: the kernel closes its session, the lock goes, a candidate takes it.
     first_term = (await current_term(conn, schema))["term"]
     killed_at = time.monotonic()
-    leader.process.send_signal(signal.SIGKILL)
+    leader.send_signal(signal.SIGKILL)
     survivors = [m for m in members if m is not leader]
     second = await leader_member(conn, schema, survivors)
     took_over_s = time.monotonic() - killed_at
@@ -165,7 +165,7 @@ async def test_the_jobs_of_a_killed_member_run_again_elsewhere(
         ) == len(ids)
 
     await wait_until(all_claimed, what="the jobs running on the doomed member")
-    doomed.process.send_signal(signal.SIGKILL)
+    doomed.send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
     await start_member(daemon='lease = "2s"')
 

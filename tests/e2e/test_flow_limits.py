@@ -63,9 +63,9 @@ async def test_global_concurrency_holds_across_members_through_a_kill_and_a_relo
             return ledger.exists() and len(ledger.read_text().splitlines()) >= 10
 
         await wait_until(some_done, what="the first jobs to run")
-        members[0].process.send_signal(signal.SIGKILL)
+        members[0].send_signal(signal.SIGKILL)
         # A reload that rewrites the same limit, while jobs flow.
-        members[1].process.send_signal(signal.SIGHUP)
+        members[1].send_signal(signal.SIGHUP)
         await wait_for_event(members[1], "member.reloaded")
         records = await wait_all_final(conn, schema, len(ids), timeout_s=90)
     assert {r["state"] for r in records.values()} == {"completed"}

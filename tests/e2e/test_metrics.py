@@ -189,7 +189,7 @@ async def test_readyz_fails_while_draining(
 ) -> None:
     member, port = await start_with_metrics(start_member)
     await _gated_job(conn, schema, tmp_path)
-    member.process.send_signal(signal.SIGTERM)
+    member.send_signal(signal.SIGTERM)
 
     async def draining() -> bool:
         status, body = await get(port, "/readyz")

@@ -79,13 +79,13 @@ async def test_middleware_wraps_jobs_and_reloads_with_sighup(
     config = tmp_path / "member0.toml"
     good = config.read_text()
     config.write_text(good.replace('["stamp_mw:stamp"]', '["stamp_mw:missing"]'))
-    member.process.send_signal(signal.SIGHUP)
+    member.send_signal(signal.SIGHUP)
     rejected = await wait_for_event(member, "member.reload_rejected")
     assert "stamp_mw:missing" in rejected["msg"]
 
     write_middleware(tmp_path / "mw", "v2")
     config.write_text(good.replace('["stamp_mw:stamp"]', '["stamp_mw:outer", "stamp_mw:stamp"]'))
-    member.process.send_signal(signal.SIGHUP)
+    member.send_signal(signal.SIGHUP)
     await wait_for_event(member, "member.reloaded", generation=2)
     second = await conn.fetchval(f"""SELECT {schema}.enqueue('plain', '{{"n": 2}}')""")
     await wait_all_final(conn, schema, 2)

@@ -67,7 +67,7 @@ async def test_reload_swaps_code_and_queues_without_losing_a_job(
     config.write_text(
         config.read_text().replace(DEFAULT_QUEUES, DEFAULT_QUEUES + "\n[queues.extra]\n")
     )
-    member.process.send_signal(signal.SIGHUP)
+    member.send_signal(signal.SIGHUP)
     await wait_for_event(member, "member.reloaded", generation=2)
 
     new_code = await conn.fetchval(f"SELECT {schema}.enqueue('which_version')")
@@ -99,7 +99,7 @@ async def test_a_bad_reload_keeps_the_old_generation_serving(
     else:
         (handlers / "broken.py").write_text("raise ImportError('half-deployed')\n")
 
-    member.process.send_signal(signal.SIGHUP)
+    member.send_signal(signal.SIGHUP)
     rejected = await wait_for_event(member, "member.reload_rejected")
     job_id = await conn.fetchval(f"SELECT {schema}.enqueue('which_version')")
 

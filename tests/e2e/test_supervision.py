@@ -157,10 +157,10 @@ async def test_drain_gives_back_what_does_not_finish(
     job_id, _ = await _gated_job(conn, schema, tmp_path)
 
     stopping = time.monotonic()
-    member.process.send_signal(signal.SIGTERM)
+    member.send_signal(signal.SIGTERM)
     if second_signal:
         await wait_for_event(member, "member.draining")
-        member.process.send_signal(signal.SIGTERM)
+        member.send_signal(signal.SIGTERM)
     assert await member.stop(timeout_s=30) == 0
     took_s = time.monotonic() - stopping
 

@@ -129,7 +129,7 @@ async def test_a_fleet_of_the_previous_release_upgrades_one_member_at_a_time(
         await _member_id(conn, schema, new[0])
         after = await _enqueue(conn, schema, "steady", 20)
         for member in old:
-            member.process.send_signal(signal.SIGKILL)
+            member.send_signal(signal.SIGKILL)
             await member.process.wait()
         async with await Client.connect(dsn, schema=schema) as client:
             after += await client.enqueue_many([("fails_once", {"n": n}) for n in range(10)])
