@@ -35,6 +35,7 @@ from pgjobd.errors import TRANSIENT
 from pgjobd.fingerprint import fingerprint
 from pgjobd.migrate import PARTITION_DAYS_AHEAD
 from pgjobd.model import Outcome
+from pgjobd.notifier import Wakeup
 from pgjobd.outcome import MAX_MESSAGE_CHARS, storable, storable_text
 from pgjobd.queries import Queries
 from pgjobd.statements.job import CompleteRow, FailRow
@@ -94,6 +95,7 @@ class Completer:
         # Queues claiming under flow control (their producers say): when their jobs end,
         # the fleet's producers waiting for room are woken (queue_room_announce).
         self.flow_queues: set[str] = set()
+        self.own_ends: dict[str, OwnEnds] = {}  # of flow queues: see OwnEnds
         self._deadline: float | None = None  # set at shutdown: stop trying then
         self._attempt: anyio.CancelScope | None = None
 
@@ -292,6 +294,7 @@ class Completer:
         ]
         async with db.acquire(self.pool) as conn:
             finished = await self.q.job_complete_many(conn, rows)
+            self._forget_ends(completed)
             await self._announce_room(conn, completed)
         self._count(completed, {(key.id, key.fence): None for key in finished})
 
@@ -299,8 +302,28 @@ class Completer:
         rows = [self._failure_row(o) for o in others]
         async with db.acquire(self.pool) as conn:
             recorded = await self.q.job_fail_many(conn, rows, self.member_id)
+            self._forget_ends(others)
             await self._announce_room(conn, others)
         self._count(others, {(r.id, r.fence): r.reason for r in recorded})
+
+    def track_ends(self, queue: str, wakeup: Wakeup) -> OwnEnds:
+        """The OwnEnds of a queue that claims under flow control."""
+        self.flow_queues.add(queue)
+        ends = self.own_ends.get(queue)
+        if ends is None:
+            ends = self.own_ends[queue] = OwnEnds(wakeup)
+        return ends
+
+    def untrack_ends(self, queue: str) -> None:
+        self.flow_queues.discard(queue)
+        self.own_ends.pop(queue, None)
+
+    def _forget_ends(self, recorded: list[Outcome]) -> None:
+        if self.own_ends:
+            for outcome in recorded:
+                own = self.own_ends.get(outcome.job.queue)
+                if own is not None:
+                    own.fences.discard(outcome.job.fence)
 
     async def _announce_room(self, conn: asyncpg.Connection, ended: list[Outcome]) -> None:
         """Best effort, after the batch is recorded: should it fail, the batch must not
@@ -395,6 +418,19 @@ class Completer:
             queue.history != "none",
             outcome.fingerprint or fingerprint(outcome.error_class, outcome.error_message),
         )  # fmt: skip
+
+
+class OwnEnds:
+    """One flow queue's jobs whose handlers ended on this member and whose ends are not
+    recorded yet, by fence. job_claim_flow leaves them out of its fleet-wide counts of
+    running jobs (`ended`): this member's next claim takes their places at once, not
+    after the write and the room announcement. The queue's workers add a job's fence
+    before they hand its outcome over (and then set `wakeup`, for a producer that a
+    limit holds back); the completer removes it once the outcome is written."""
+
+    def __init__(self, wakeup: Wakeup) -> None:
+        self.fences: set[int] = set()
+        self.wakeup = wakeup
 
 
 def _key(outcome: Outcome) -> tuple[int, int]:

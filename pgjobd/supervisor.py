@@ -50,6 +50,7 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import Process, TaskGroup, TaskStatus
@@ -75,6 +76,9 @@ from pgjobd.protocol import (
     ToChild,
     ToParent,
 )
+
+if TYPE_CHECKING:
+    from pgjobd.completer import OwnEnds
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +184,8 @@ class QueueWorkers:
         self._watchdog_wakes_at = -math.inf  # no need to wake it for later deadlines
         # Why this queue cannot run workers (a crash loop), for /readyz; None when fine.
         self.failed: str | None = None
+        # Set by the producer while the queue claims under flow control.
+        self.own_ends: OwnEnds | None = None
 
     # -- the producer's and lease keeper's interface ---------------------------------
 
@@ -593,6 +599,9 @@ class QueueWorkers:
                         done.job_id)  # fmt: skip
             return
         outcome = done.outcome(held.job)
+        own_ends = self.own_ends
+        if own_ends is not None:
+            own_ends.fences.add(done.fence)  # before the completer can have recorded it
         try:
             # Without the two event-loop turns send() takes even when there is room.
             self.outcomes.send_nowait(outcome)
@@ -608,6 +617,8 @@ class QueueWorkers:
         if limit and child.jobs_done >= limit:
             self._recycle(child, f"ran {child.jobs_done} jobs (max_jobs_per_process)")
         self._notify_changed()
+        if own_ends is not None:
+            own_ends.wakeup.set()  # its place is free, even under a fleet-wide limit
 
     def _recycle(self, child: _Child, why: str) -> None:
         """Take no more work to the child; it finishes what it holds, exits, and is

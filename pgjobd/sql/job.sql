@@ -151,12 +151,14 @@ FROM (SELECT DISTINCT ON (h.id) h.id, h.result
 -- name: job_claim_flow
 -- job_claim for a queue with limits or groups (or while any kind has a limit): see the
 -- function in migration 0007 (its result as job_claim's since 0011). Rows with a NULL id
--- name a limit that held jobs back.
--- $1 queue, $2 limit, $3 member id, $4 lease
+-- name a limit that held jobs back. $5: the fences of this member's jobs whose handlers
+-- have ended and whose ends are not recorded yet, which fleet-wide counts of running
+-- jobs leave out (migration 0021).
+-- $1 queue, $2 limit, $3 member id, $4 lease, $5 ended fences
 SELECT c.id, c.fence, c.kind, c.queue, c.attempt, c.max_attempts, c.crashes, c.priority,
        c.tenant, c.enqueued_at, c.scheduled_at, c.args, c.waited_s, c.depends_on,
        c.after_jobs, c.blockers_failed, c.trace_context, c.held_by
-FROM {{schema}}.job_claim_flow($1, $2, $3, $4::interval) AS c;
+FROM {{schema}}.job_claim_flow($1, $2, $3, $4::interval, $5::bigint[]) AS c;
 
 -- name: queue_flow_get
 -- Whether queue $1 claims through job_claim_flow (its limits or groups, or any kind's

@@ -102,6 +102,7 @@ GRANT EXECUTE ON FUNCTION
 -- worker's rights), and the leader's depth recount.
 GRANT EXECUTE ON FUNCTION
     {{schema}}.job_claim_flow(text, integer, text, interval),
+    {{schema}}.job_claim_flow(text, integer, text, interval, bigint[]),
     {{schema}}.job_group_heads(text, text, text, integer, text[], integer),
     {{schema}}.flow_lock(text),
     {{schema}}.flow_rate_room(text, integer, interval, timestamptz, integer),

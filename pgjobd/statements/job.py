@@ -302,9 +302,17 @@ class JobStatements(Rendered):
 
     @statement("job_claim_flow")
     async def job_claim_flow(
-        self, conn: Conn, queue: str, limit: int, member_id: str, lease: timedelta
+        self,
+        conn: Conn,
+        queue: str,
+        limit: int,
+        member_id: str,
+        lease: timedelta,
+        ended: Sequence[int] = (),
     ) -> list[FlowClaimRow]:
-        records = await conn.fetch(self.sql("job_claim_flow"), queue, limit, member_id, lease)
+        records = await conn.fetch(
+            self.sql("job_claim_flow"), queue, limit, member_id, lease, list(ended)
+        )
         return rows_of(FlowClaimRow, records)
 
     @statement("queue_flow_get")

@@ -54,7 +54,7 @@ async def _enqueue_many(
 
 
 async def _claim(conn: asyncpg.Connection, q: Queries, queue: str, n: int) -> list[asyncpg.Record]:
-    rows = await conn.fetch(q.sql("job_claim_flow"), queue, n, "m", LEASE)
+    rows = await conn.fetch(q.sql("job_claim_flow"), queue, n, "m", LEASE, [])
     return [row for row in rows if row["id"] is not None]
 
 
@@ -98,13 +98,13 @@ async def test_a_crashed_claimers_jobs_count_against_their_tenant_until_reaped(
     await write_queue_limits(conn, q, {"t": QueueConfig(tenant_concurrency=2)}, "m")
     await _enqueue_many(conn, schema, "t", "a", 4)
     other = await _enqueue_many(conn, schema, "t", "b", 1)
-    rows = await conn.fetch(q.sql("job_claim_flow"), "t", 10, "dead-member", LEASE)
+    rows = await conn.fetch(q.sql("job_claim_flow"), "t", 10, "dead-member", LEASE, [])
     assert Counter(_tenant(r) for r in rows if r["id"]) == {"a": 2, "b": 1}
     assert [r["held_by"] for r in rows if r["id"] is None] == ["tenant_concurrency"]
     await conn.execute(
         f"UPDATE {schema}.job SET lease_expires_at = now() - interval '1s' WHERE state = 'running'"
     )
-    rows = await conn.fetch(q.sql("job_claim_flow"), "t", 10, "live-member", LEASE)
+    rows = await conn.fetch(q.sql("job_claim_flow"), "t", 10, "live-member", LEASE, [])
     assert [r["held_by"] for r in rows] == ["tenant_concurrency"]
     leader = await asyncpg.connect(dsn)
     try:

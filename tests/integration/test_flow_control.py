@@ -74,7 +74,7 @@ class Fleet:
         try:
             while not await done():
                 rows = await conn.fetch(
-                    self.q.sql("job_claim_flow"), queue, rng.randint(1, batch), member, LEASE
+                    self.q.sql("job_claim_flow"), queue, rng.randint(1, batch), member, LEASE, []
                 )
                 self.throttled += sum(1 for row in rows if row["id"] is None)
                 jobs = [row for row in rows if row["id"] is not None]
@@ -111,6 +111,49 @@ class Fleet:
             Run(job["id"], job["kind"], job["queue"], row["group_key"], job["priority"],
                 job["attempt"], row["attempted_at"], row["ended"])
         )  # fmt: skip
+
+    async def claim_ending_first(
+        self, queue: str, member: str, done: Callable[[], Awaitable[bool]], batch: int = 4
+    ) -> None:
+        """As a member claims: a handler's end is noted at once (on the database's clock)
+        and its fence passed to the next claims as ended; its record is written later,
+        several ends at a time."""
+        conn = await asyncpg.connect(self.dsn)
+        rng = random.Random(member)
+        ended: dict[int, tuple[asyncpg.Record, datetime, datetime]] = {}  # by fence
+        try:
+            while ended or not await done():
+                wanted = rng.randint(1, batch)
+                rows = await conn.fetch(
+                    self.q.sql("job_claim_flow"), queue, wanted, member, LEASE, list(ended)
+                )
+                self.throttled += sum(1 for row in rows if row["id"] is None)
+                jobs = [row for row in rows if row["id"] is not None]
+                await anyio.sleep(rng.random() * 0.003)
+                for job in jobs:
+                    times = await conn.fetchrow(
+                        f"SELECT attempted_at, clock_timestamp() AS ended "
+                        f"FROM {self.schema}.job WHERE id = $1",
+                        job["id"],
+                    )
+                    ended[job["fence"]] = (job, times["attempted_at"], times["ended"])
+                if ended and (not jobs or rng.random() < 0.3):
+                    recorded = await conn.fetch(
+                        self.q.sql("job_complete_many"),
+                        [job["id"] for job, _, _ in ended.values()], list(ended),
+                        [None] * len(ended), [True] * len(ended),
+                    )  # fmt: skip
+                    assert len(recorded) == len(ended), "a job lost its lease"
+                    self.runs += [
+                        Run(job["id"], job["kind"], job["queue"], None, job["priority"],
+                            job["attempt"], start, end)
+                        for job, start, end in ended.values()
+                    ]  # fmt: skip
+                    ended.clear()
+                elif not jobs:
+                    await anyio.sleep(0.002)
+        finally:
+            await conn.close()
 
     async def sample_running(self, queue: str, done: Callable[[], Awaitable[bool]]) -> None:
         conn = await asyncpg.connect(self.dsn)
@@ -164,21 +207,58 @@ async def _enqueue(conn: asyncpg.Connection, q: Queries, kind: str, queue: str,
     )
 
 
+@pytest.mark.parametrize(("limit", "ends_first"), [("queue", False), ("queue", True),
+                                                 ("kind", True)])  # fmt: skip
 async def test_global_concurrency_is_never_exceeded_by_racing_claimers(
-    conn: asyncpg.Connection, schema: str, fleet: Fleet
+    conn: asyncpg.Connection, schema: str, fleet: Fleet, limit: str, ends_first: bool
 ) -> None:
-    await _set_limits(conn, schema, limited=QueueConfig(global_concurrency=3))
+    """With ends_first the claimers pass the fences of their jobs whose handlers ended
+    and whose ends are not recorded yet (migration 0021), as members do: claims take
+    those places at once, and the jobs running at any instant, by the ledger of handler
+    starts and ends, still never pass N."""
+    if limit == "queue":
+        await _set_limits(conn, schema, limited=QueueConfig(global_concurrency=3))
+    else:
+        await conn.execute(f"INSERT INTO {schema}.kind (name, queue, global_concurrency) "
+                           "VALUES ('work', 'limited', 3)")  # fmt: skip
     for _ in range(80):
         await _enqueue(conn, fleet.q, "work", "limited")
     done = _none_left(conn, schema)
+    claimer = fleet.claim_ending_first if ends_first else fleet.claim_and_finish
     async with anyio.create_task_group() as tg:
-        for n in range(6):
-            tg.start_soon(fleet.claim_and_finish, "limited", f"member-{n}", done)
+        for n in range(5):
+            tg.start_soon(claimer, "limited", f"member-{n}", done)
         tg.start_soon(fleet.sample_running, "limited", done)
     assert len(fleet.runs) == 80
     assert most_at_once(fleet.runs) == 3  # reached, never passed
-    assert max(fleet.running_seen) <= 3
+    if ends_first:  # running rows include ended ones not yet recorded
+        assert max(fleet.running_seen) > 3
+    else:
+        assert max(fleet.running_seen) <= 3
     assert fleet.throttled > 0
+
+
+async def test_only_the_claimers_own_ended_jobs_are_left_out(
+    conn: asyncpg.Connection, schema: str, fleet: Fleet
+) -> None:
+    await _set_limits(conn, schema, q=QueueConfig(global_concurrency=2))
+    for _ in range(4):
+        await _enqueue(conn, fleet.q, "work", "q")
+    claim = fleet.q.sql("job_claim_flow")
+    first = [r for r in await conn.fetch(claim, "q", 2, "a", LEASE, []) if r["id"] is not None]
+    fences = [r["fence"] for r in first]
+    assert len(fences) == 2
+    # Another member cannot make room with a's jobs; NULL is nothing ended.
+    assert [r["held_by"] for r in await conn.fetch(claim, "q", 1, "b", LEASE, fences)] == [
+        "global_concurrency"
+    ]
+    assert [r["held_by"] for r in await conn.fetch(claim, "q", 1, "a", LEASE, None)] == [
+        "global_concurrency"
+    ]
+    # a's own: one ended, one place.
+    rows = await conn.fetch(claim, "q", 2, "a", LEASE, fences[:1])
+    assert [r["held_by"] for r in rows if r["id"] is None] == ["global_concurrency"]
+    assert len([r for r in rows if r["id"] is not None]) == 1
 
 
 async def test_the_unlimited_claim_takes_nothing_from_a_limited_queue(
@@ -190,7 +270,7 @@ async def test_the_unlimited_claim_takes_nothing_from_a_limited_queue(
     await _set_limits(conn, schema, q=QueueConfig(global_concurrency=5))
     assert await conn.fetchval(fleet.q.sql("queue_flow_get"), "q")
     assert await conn.fetch(fleet.q.sql("job_claim"), "q", 10, "m", LEASE) == []
-    claimed = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", 10, "m", LEASE)
+    claimed = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", 10, "m", LEASE, [])
     assert len(claimed) == 1
     # A kind with a limit puts every queue on the limited path.
     await _enqueue(conn, fleet.q, "work", "free")
@@ -207,14 +287,14 @@ async def test_a_crashed_members_jobs_count_until_the_reaper_ends_their_lease(
     await _set_limits(conn, schema, q=QueueConfig(global_concurrency=2))
     for _ in range(4):
         await _enqueue(conn, fleet.q, "work", "q")
-    rows = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", 4, "dead-member", LEASE)
+    rows = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", 4, "dead-member", LEASE, [])
     assert [row["held_by"] for row in rows] == [None, None, "global_concurrency"]
     # The member is gone (no completion will come) and its leases have expired, but
     # until the reaper ends them its jobs still count.
     await conn.execute(
         f"UPDATE {schema}.job SET lease_expires_at = now() - interval '1s' WHERE state = 'running'"
     )
-    rows = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", 4, "live-member", LEASE)
+    rows = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", 4, "live-member", LEASE, [])
     assert [row["held_by"] for row in rows] == ["global_concurrency"]
     leader = await asyncpg.connect(dsn)
     try:
@@ -228,7 +308,7 @@ async def test_a_crashed_members_jobs_count_until_the_reaper_ends_their_lease(
     finally:
         await leader.close()
     assert reaped["rescued"] == 2
-    rows = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", 4, "live-member", LEASE)
+    rows = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", 4, "live-member", LEASE, [])
     assert len([row for row in rows if row["id"] is not None]) == 2
 
 
@@ -334,7 +414,7 @@ async def test_groups_take_turns_so_a_long_group_does_not_hold_up_the_others(
     late = await _enqueue(conn, q, "work", "g", group="late")
     claimed: list[int] = []
     for _ in range(3):
-        rows = await conn.fetch(q.sql("job_claim_flow"), "g", 5, "m", LEASE)
+        rows = await conn.fetch(q.sql("job_claim_flow"), "g", 5, "m", LEASE, [])
         claimed += [row["id"] for row in rows]
         for row in rows:
             await conn.fetch(
@@ -463,7 +543,7 @@ async def test_status_shows_each_queues_limits(
     )  # fmt: skip
     for queue in ("api", "api", "free", "deep"):
         await _enqueue(conn, q, "work", queue)
-    await conn.fetch(q.sql("job_claim_flow"), "api", 1, "m", LEASE)
+    await conn.fetch(q.sql("job_claim_flow"), "api", 1, "m", LEASE, [])
     status = await admin.status(conn, schema)
     limited = {name: msgspec.to_builtins(s.limited) for name, s in status.queues.items()}
     assert limited["api"] == {
@@ -491,9 +571,9 @@ async def test_a_limited_or_grouped_claim_never_starts_an_expired_job(
     fresh = await _enqueue(conn, fleet.q, "work", "limited")
     await conn.execute(expiring, plain)
     await conn.execute(expiring, head)
-    claimed = await conn.fetch(fleet.q.sql("job_claim_flow"), "limited", 10, "m", LEASE)
+    claimed = await conn.fetch(fleet.q.sql("job_claim_flow"), "limited", 10, "m", LEASE, [])
     assert [row["id"] for row in claimed] == [fresh]
-    assert await conn.fetch(fleet.q.sql("job_claim_flow"), "grouped", 10, "m", LEASE) == []
+    assert await conn.fetch(fleet.q.sql("job_claim_flow"), "grouped", 10, "m", LEASE, []) == []
     states = dict(await conn.fetch(f"SELECT id, state FROM {schema}.job"))
     assert states == {plain: "available", head: "available", behind: "available",
                       fresh: "running"}  # fmt: skip
@@ -507,7 +587,7 @@ async def test_a_job_claimed_from_a_limited_queue_carries_its_trace_and_dependen
     await _set_limits(conn, schema, limited=QueueConfig(global_concurrency=5))
     carrier = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
     first = await _enqueue(conn, fleet.q, "work", "limited")
-    [first_row] = await conn.fetch(fleet.q.sql("job_claim_flow"), "limited", 1, "m", LEASE)
+    [first_row] = await conn.fetch(fleet.q.sql("job_claim_flow"), "limited", 1, "m", LEASE, [])
     await conn.fetch(fleet.q.sql("job_complete_many"), [first], [first_row["fence"]], [None],
                      [True])  # fmt: skip
     traced = await conn.fetchval(
@@ -515,7 +595,7 @@ async def test_a_job_claimed_from_a_limited_queue_carries_its_trace_and_dependen
         "trace_context => $1::jsonb, depends_on => ARRAY[$2::bigint])",
         json.dumps(carrier), first,
     )  # fmt: skip
-    [row] = await conn.fetch(fleet.q.sql("job_claim_flow"), "limited", 10, "m", LEASE)
+    [row] = await conn.fetch(fleet.q.sql("job_claim_flow"), "limited", 10, "m", LEASE, [])
     assert row["id"] == traced
     assert json.loads(row["trace_context"]) == carrier
     assert list(row["depends_on"]) == [first]

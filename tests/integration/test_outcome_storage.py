@@ -26,6 +26,7 @@ from pgjobd.completer import MAX_BATCH, UNSTORABLE, Completer
 from pgjobd.config import QueueConfig
 from pgjobd.duration import Duration
 from pgjobd.model import ClaimedJob, Outcome, Verdict
+from pgjobd.notifier import Wakeup
 from pgjobd.queries import Queries, for_schema
 
 pytestmark = pytest.mark.anyio
@@ -346,3 +347,24 @@ async def test_the_end_of_a_flow_queues_jobs_is_announced_once_recorded(world: W
         assert [await world.state(j.id) for j in jobs] == ["completed"] * 3
     finally:
         await world.conn.remove_listener(channel, hear)
+
+
+async def test_a_flow_queues_ended_jobs_are_left_out_of_its_count_until_recorded(
+    world: World,
+) -> None:
+    """OwnEnds: the fences of ended jobs stay until their outcomes are written (held
+    while the write cannot happen), and are gone once it has."""
+    jobs = await world.claimed(4)
+    send, receive = anyio.create_memory_object_stream[Outcome](4)
+    completer = Completer(world.pool, world.q, MEMBER, QUEUES, receive)
+    own = completer.track_ends("default", Wakeup())
+    own.fences.update(j.fence for j in jobs)  # as the queue's workers do, at each end
+    async with send:
+        for j in jobs[:3]:
+            send.send_nowait(Outcome(j, "completed"))
+    with anyio.fail_after(60):
+        await completer.run()
+    assert own.fences == {jobs[3].fence}  # not handed over yet: still ended, unrecorded
+    assert [await world.state(j.id) for j in jobs[:3]] == ["completed"] * 3
+    completer.untrack_ends("default")
+    assert "default" not in completer.flow_queues

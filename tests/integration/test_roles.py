@@ -85,6 +85,7 @@ ROLE_MATRIX |= {
     "function job_copy_prepare(text[],text[],integer[],timestamp with time zone[],interval[],"
     "integer[],interval[],timestamp with time zone[],integer[],boolean[],integer)": _ENQUEUERS,
     "function job_claim_flow(text,integer,text,interval)": _LEADER,
+    "function job_claim_flow(text,integer,text,interval,bigint[])": _LEADER,
     "function job_group_heads(text,text,text,integer,text[],integer)": _LEADER,
     "function flow_lock(text)": _LEADER,
     "function flow_rate_room(text,integer,interval,timestamp with time zone,integer)": _LEADER,

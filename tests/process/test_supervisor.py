@@ -15,10 +15,12 @@ import msgspec
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from pgjobd.completer import OwnEnds
 from pgjobd.config import QueueConfig
 from pgjobd.duration import Duration
 from pgjobd.errors import ConfigError
 from pgjobd.model import ClaimedJob, KindInfo, Outcome
+from pgjobd.notifier import Wakeup
 from pgjobd.supervisor import QueueWorkers
 
 from .handlers_source import SOURCE
@@ -120,6 +122,25 @@ async def test_async_and_sync_handlers_complete_with_results(tmp_path: Path) -> 
         outcome = await h.run("not_json")
         assert (outcome.verdict, outcome.result) == ("completed", None)
         assert h.workers.held() == {}
+
+
+async def test_a_flow_queues_ended_job_is_noted_before_its_outcome_is_handed_over(
+    tmp_path: Path,
+) -> None:
+    """Under flow control the workers add an ended job's fence to OwnEnds before the
+    completer can see its outcome (so a claim that follows its freed place leaves it out
+    of the fleet-wide count), and set the wake-up a held-back producer waits on."""
+    async with running_workers(tmp_path) as h:
+        wakeup = Wakeup()
+        h.workers.own_ends = OwnEnds(wakeup)
+        job = make_job("add", {"a": 1, "b": 2})
+        await h.submit(job)
+        outcome = await h.outcome()
+        assert outcome.job == job
+        assert h.workers.own_ends.fences == {job.fence}
+        with anyio.fail_after(WAIT_S):
+            await wakeup.wait(WAIT_S * 2)  # set as its place was freed
+        assert h.workers.free_slots() == 2
 
 
 async def test_handler_outcomes_map_to_verdicts(tmp_path: Path) -> None:
