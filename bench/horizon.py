@@ -47,10 +47,18 @@ from common import (
     hot_table_stats,
     run_on_server,
 )
-from throughput import DEFAULT_DSN, Harness, Member, Round, drain, spread, verdict
+from throughput import (
+    DEFAULT_DSN,
+    Harness,
+    Member,
+    Round,
+    drain,
+    fresh_harness,
+    spread,
+    verdict,
+)  # fmt: skip
 
 from pgjobd.client import Client
-from pgjobd.migrate import migrate
 
 SCHEMA = "bench_horizon"
 METRICS_PORT = 19464
@@ -194,29 +202,17 @@ def report(reps: list[Rep], rounds: list[Round], recover_s: float) -> None:
 
 async def main(args: argparse.Namespace) -> list[Rep]:
     rounds = [Round.parse(text) for text in args.rounds.split(",")]
-    admin = await asyncpg.connect(args.dsn)
-    print(f"{await autovacuum_note(admin)}; load average {os.getloadavg()[0]:.2f}", flush=True)
-    await admin.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
     reps: list[Rep] = []
-    try:
-        await migrate(admin, SCHEMA)
-        poller = await asyncpg.connect(args.dsn, server_settings={"enable_seqscan": "off"})
-        client = await Client.connect(args.dsn, schema=SCHEMA, max_size=2)
-        h = Harness(args.dsn, admin, poller, SCHEMA)
-        try:
-            await drain(h, client, rounds[0], 2_000, prefix="warmup", fresh=False)
-            for rep in range(1, args.reps + 1):
-                print(f"rep {rep}, load average {os.getloadavg()[0]:.2f}", flush=True)
-                for rnd in rounds if rep % 2 else rounds[::-1]:
-                    reps.append(await run_rep(h, client, rnd, args))
-            report(reps, rounds, args.recover)
-        finally:
-            await client.close()
-            await poller.close()
-        return reps
-    finally:
-        await admin.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-        await admin.close()
+    async with fresh_harness(args.dsn, SCHEMA) as (h, client):
+        note = await autovacuum_note(h.admin)
+        print(f"{note}; load average {os.getloadavg()[0]:.2f}", flush=True)
+        await drain(h, client, rounds[0], 2_000, prefix="warmup", fresh=False)
+        for rep in range(1, args.reps + 1):
+            print(f"rep {rep}, load average {os.getloadavg()[0]:.2f}", flush=True)
+            for rnd in rounds if rep % 2 else rounds[::-1]:
+                reps.append(await run_rep(h, client, rnd, args))
+        report(reps, rounds, args.recover)
+    return reps
 
 
 def parse_args() -> argparse.Namespace:

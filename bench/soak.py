@@ -45,10 +45,9 @@ from pathlib import Path
 import asyncpg
 from common import add_server_options, autovacuum_note, hot_table_stats, run_on_server
 from procstat import children_of
-from throughput import DEFAULT_DSN, Harness, Round, drain, member, verdict
+from throughput import DEFAULT_DSN, Round, drain, fresh_harness, member, verdict
 
 from pgjobd.client import Client, JobSpec
-from pgjobd.migrate import migrate
 
 SCHEMA = "bench_soak"
 SAMPLE_S = 10.0
@@ -178,64 +177,53 @@ def report(samples: list[Sample], enqueued: int, lost: list[str], args: argparse
 
 async def main(args: argparse.Namespace) -> bool:
     rnd = Round.parse(args.round)
-    admin = await asyncpg.connect(args.dsn)
-    print(f"{await autovacuum_note(admin)}; load average {os.getloadavg()[0]:.2f}", flush=True)
-    await admin.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-    try:
-        await migrate(admin, SCHEMA)
-        poller = await asyncpg.connect(args.dsn, server_settings={"enable_seqscan": "off"})
-        client = await Client.connect(args.dsn, schema=SCHEMA, max_size=2)
-        h = Harness(args.dsn, admin, poller, SCHEMA)
-        try:
-            await drain(h, client, rnd, 1_000, prefix="warmup")
-            d = await drain(h, client, rnd, args.capacity_n, prefix="capacity")
-            capacity = args.capacity_n / d.seconds
-            rate = capacity * args.load
-            print(f"capacity {capacity:,.0f} jobs/s ({rnd.key}); soak at {rate:,.0f} jobs/s "
-                  f"for {args.minutes:g} min (load average {os.getloadavg()[0]:.2f})",
-                  flush=True)  # fmt: skip
-            await admin.execute(f"TRUNCATE {SCHEMA}.job, {SCHEMA}.job_history, "
-                                f"{SCHEMA}.job_attempt")  # fmt: skip
-            producer = Producer(client, rate, args.seed)
-            samples: list[Sample] = []
-            async with member(args.dsn, rnd, "soak", schema=SCHEMA) as running:
-                await h.poll(f"SELECT count(*) FROM {SCHEMA}.member", lambda v: v > 0,
-                             running, 0.05)  # fmt: skip
-                started = time.monotonic()
-                since: datetime = await admin.fetchval("SELECT clock_timestamp()")
-                task = asyncio.create_task(producer.run())
-                try:
-                    while time.monotonic() - started < args.minutes * 60:
-                        await asyncio.sleep(SAMPLE_S - (time.monotonic() - started) % SAMPLE_S)
-                        running.check_alive()
-                        s, since = await sample(admin, since, started, producer,
-                                                running.process.pid)  # fmt: skip
-                        samples.append(s)
-                finally:
-                    producer.stop.set()
-                    await task
-                # everything enqueued, scheduled ones included, is finished
-                await h.poll(f"SELECT count(*) FROM (SELECT 1 FROM {SCHEMA}.job LIMIT 1) s",
-                             lambda v: v == 0, running, 0.5, timeout_s=180)  # fmt: skip
-            lost = []
-            counts = await admin.fetch(
-                f"SELECT state::text, count(*), count(DISTINCT id) FROM {SCHEMA}.job_history "
-                "GROUP BY state"
-            )
-            by_state = {r[0]: (r[1], r[2]) for r in counts}
-            completed, distinct = by_state.pop("completed", (0, 0))
-            if completed != producer.enqueued or distinct != completed:
-                lost.append(f"{producer.enqueued} enqueued, {completed} completed records "
-                            f"for {distinct} jobs")  # fmt: skip
-            if by_state:
-                lost.append(f"other final states: {by_state}")
-            return report(samples, producer.enqueued, lost, args, rate=rate, capacity=capacity)
-        finally:
-            await client.close()
-            await poller.close()
-    finally:
-        await admin.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-        await admin.close()
+    async with fresh_harness(args.dsn, SCHEMA) as (h, client):
+        admin = h.admin
+        note = await autovacuum_note(admin)
+        print(f"{note}; load average {os.getloadavg()[0]:.2f}", flush=True)
+        await drain(h, client, rnd, 1_000, prefix="warmup")
+        d = await drain(h, client, rnd, args.capacity_n, prefix="capacity")
+        capacity = args.capacity_n / d.seconds
+        rate = capacity * args.load
+        print(f"capacity {capacity:,.0f} jobs/s ({rnd.key}); soak at {rate:,.0f} jobs/s "
+              f"for {args.minutes:g} min (load average {os.getloadavg()[0]:.2f})",
+              flush=True)  # fmt: skip
+        await admin.execute(f"TRUNCATE {SCHEMA}.job, {SCHEMA}.job_history, "
+                            f"{SCHEMA}.job_attempt")  # fmt: skip
+        producer = Producer(client, rate, args.seed)
+        samples: list[Sample] = []
+        async with member(args.dsn, rnd, "soak", schema=SCHEMA) as running:
+            await h.poll(f"SELECT count(*) FROM {SCHEMA}.member", lambda v: v > 0,
+                         running, 0.05)  # fmt: skip
+            started = time.monotonic()
+            since: datetime = await admin.fetchval("SELECT clock_timestamp()")
+            task = asyncio.create_task(producer.run())
+            try:
+                while time.monotonic() - started < args.minutes * 60:
+                    await asyncio.sleep(SAMPLE_S - (time.monotonic() - started) % SAMPLE_S)
+                    running.check_alive()
+                    s, since = await sample(admin, since, started, producer,
+                                            running.process.pid)  # fmt: skip
+                    samples.append(s)
+            finally:
+                producer.stop.set()
+                await task
+            # everything enqueued, scheduled ones included, is finished
+            await h.poll(f"SELECT count(*) FROM (SELECT 1 FROM {SCHEMA}.job LIMIT 1) s",
+                         lambda v: v == 0, running, 0.5, timeout_s=180)  # fmt: skip
+        lost = []
+        counts = await admin.fetch(
+            f"SELECT state::text, count(*), count(DISTINCT id) FROM {SCHEMA}.job_history "
+            "GROUP BY state"
+        )
+        by_state = {r[0]: (r[1], r[2]) for r in counts}
+        completed, distinct = by_state.pop("completed", (0, 0))
+        if completed != producer.enqueued or distinct != completed:
+            lost.append(f"{producer.enqueued} enqueued, {completed} completed records "
+                        f"for {distinct} jobs")  # fmt: skip
+        if by_state:
+            lost.append(f"other final states: {by_state}")
+        return report(samples, producer.enqueued, lost, args, rate=rate, capacity=capacity)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -204,6 +204,26 @@ async def member(dsn: str, rnd: Round, prefix: str, **options: Any) -> AsyncIter
 # -- database --------------------------------------------------------------------------
 
 
+@contextlib.asynccontextmanager
+async def fresh_harness(dsn: str, schema: str = SCHEMA) -> AsyncIterator[tuple[Harness, Client]]:
+    """SCHEMA migrated anew, the harness' sessions and a client on it; the schema is
+    dropped at the end."""
+    admin = await asyncpg.connect(dsn)
+    await admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    try:
+        await migrate(admin, schema)
+        poller = await asyncpg.connect(dsn, server_settings={"enable_seqscan": "off"})
+        client = await Client.connect(dsn, schema=schema, max_size=2)
+        try:
+            yield Harness(dsn, admin, poller, schema), client
+        finally:
+            await client.close()
+            await poller.close()
+    finally:
+        await admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        await admin.close()
+
+
 class Harness:
     """The harness' own sessions: admin (setup, counts) and poller (counted polls)."""
 
@@ -691,59 +711,52 @@ async def main(args: argparse.Namespace) -> Results:
     rounds = [Round.parse(text) for text in args.rounds.split(",")]
     results = Results(args.n, rounds, drains={rnd.key: [] for rnd in rounds})
     q = for_schema(SCHEMA)
-    admin = await asyncpg.connect(args.dsn)
-    await admin.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
     peers_out = Path(tempfile.mkstemp(prefix="peers_", suffix=".jsonl")[1])
     try:
-        await migrate(admin, SCHEMA)
-        poller = await asyncpg.connect(args.dsn, server_settings={"enable_seqscan": "off"})
-        client = await Client.connect(args.dsn, schema=SCHEMA, max_size=2)
-        h = Harness(args.dsn, admin, poller)
-        major = admin.get_server_version().major
-        server_log = Path(args.pg_log or f"/var/log/postgresql/postgresql-{major}-main.log")
-        try:
-            await drain(h, client, rounds[0], 2_000, prefix="warmup")
-            for rep in range(1, args.reps + 1):
-                results.noise.append((await admin.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = "
-                    "'client backend' AND state <> 'idle' AND pid <> pg_backend_pid()"),
-                    os.getloadavg()[0]))  # fmt: skip
-                for rnd in rounds:
-                    d = await drain(h, client, rnd, args.n)
-                    results.drains[rnd.key].append(d)
-                    print(f"rep {rep} drain {rnd.key}: {args.n / d.seconds:,.0f} jobs/s",
-                          flush=True)  # fmt: skip
-                logged = await logged_drain(
-                    h, client, rounds[0], args.n, server_log=server_log, q=q
-                )
-                if logged is not None:
-                    results.log_drains.append(logged[0])
-                    results.statement_log.append(logged[1])
-                for history, keep in (("all", True), ("none", False)):
-                    rate = await raw_lifecycle(h, client, q, args.n, keep)
-                    results.raw.setdefault(history, []).append(rate)
-                    print(f"rep {rep} raw lifecycle {history}: {rate:,.0f} jobs/s", flush=True)
-                if args.trickle:
-                    t = await trickle(h, client, args.trickle, args.trickle_rate)
-                    results.trickle.append(t)
-                    print(f"rep {rep} trickle: p50 {t['p50_ms']:.2f} p99 {t['p99_ms']:.2f} ms",
-                          flush=True)  # fmt: skip
+        async with fresh_harness(args.dsn) as (h, client):
+            admin = h.admin
+            major = admin.get_server_version().major
+            server_log = Path(args.pg_log or f"/var/log/postgresql/postgresql-{major}-main.log")
+            try:
+                await drain(h, client, rounds[0], 2_000, prefix="warmup")
+                for rep in range(1, args.reps + 1):
+                    results.noise.append((await admin.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = "
+                        "'client backend' AND state <> 'idle' AND pid <> pg_backend_pid()"),
+                        os.getloadavg()[0]))  # fmt: skip
+                    for rnd in rounds:
+                        d = await drain(h, client, rnd, args.n)
+                        results.drains[rnd.key].append(d)
+                        print(f"rep {rep} drain {rnd.key}: {args.n / d.seconds:,.0f} jobs/s",
+                              flush=True)  # fmt: skip
+                    logged = await logged_drain(
+                        h, client, rounds[0], args.n, server_log=server_log, q=q
+                    )
+                    if logged is not None:
+                        results.log_drains.append(logged[0])
+                        results.statement_log.append(logged[1])
+                    for history, keep in (("all", True), ("none", False)):
+                        rate = await raw_lifecycle(h, client, q, args.n, keep)
+                        results.raw.setdefault(history, []).append(rate)
+                        print(f"rep {rep} raw lifecycle {history}: {rate:,.0f} jobs/s",
+                              flush=True)  # fmt: skip
+                    if args.trickle:
+                        t = await trickle(h, client, args.trickle, args.trickle_rate)
+                        results.trickle.append(t)
+                        print(f"rep {rep} trickle: p50 {t['p50_ms']:.2f} "
+                              f"p99 {t['p99_ms']:.2f} ms", flush=True)  # fmt: skip
+                    for peer in args.peers.split():
+                        run_peer(peer, rep, args.n, peers_out, args.dsn)
+                results.peers = [json.loads(line) for line in read_from(peers_out, 0).splitlines()]
+                report(results)
+                if args.profile:
+                    await profiled_drain(h, client, rounds[0], args.n, Path(args.profile))
+            finally:
                 for peer in args.peers.split():
-                    run_peer(peer, rep, args.n, peers_out, args.dsn)
-            results.peers = [json.loads(line) for line in read_from(peers_out, 0).splitlines()]
-            report(results)
-            if args.profile:
-                await profiled_drain(h, client, rounds[0], args.n, Path(args.profile))
-        finally:
-            await client.close()
-            await poller.close()
-            for peer in args.peers.split():
-                drop_peer_db(peer)
+                    drop_peer_db(peer)
         return results
     finally:
         os.unlink(peers_out)
-        await admin.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-        await admin.close()
 
 
 def code_state() -> str:
