@@ -39,6 +39,7 @@ from pgjobd.errors import retry_later
 from pgjobd.model import ClaimedJob
 from pgjobd.notifier import Wakeup
 from pgjobd.queries import Queries
+from pgjobd.statements.job import ClaimRow
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ class Producer:
         self.claim_seconds: list[float] = []  # recent claim durations, for metrics
         self.claimed = 0
         self.flow: bool | None = None  # claims through job_claim_flow; None: not read yet
+        self.reservable = False  # of those, claims through flow_reserve: see _claim_flow
         self._flow_read_at = -math.inf
         self.throttled = False  # the last claim was held back by a limit
         self._flow_changed = anyio.Event()  # set (and made anew) as self.flow changes
@@ -186,13 +188,7 @@ class Producer:
             if self.flow is None:
                 await self._read_flow(conn)
             if self.flow:
-                own = self.workers.own_ends
-                flow_rows = await self.q.job_claim_flow(
-                    conn, self.queue, limit, self.member_id, self.lease,
-                    list(own.fences) if own is not None else (),
-                )  # fmt: skip
-                held = [row.held_by for row in flow_rows if row.id is None]
-                rows = [row.claim_row() for row in flow_rows if row.id is not None]
+                rows, held = await self._claim_flow(conn, limit)
                 self.throttled = bool(held)
                 metrics.record_throttled(self.queue, [h for h in held if h is not None])
             else:
@@ -208,6 +204,32 @@ class Producer:
             self.queue, seconds, [row.kind for row in rows], [row.waited_s for row in rows]
         )
         return [row.claimed_job() for row in rows]
+
+    async def _claim_flow(
+        self, conn: asyncpg.Connection, limit: int
+    ) -> tuple[list[ClaimRow], list[str | None]]:
+        """A claim under flow control, and the limits that held jobs back. A queue whose
+        only limit is its global_concurrency reserves its places under the queue's lock
+        and claims them without it (flow_reserve, job_claim_reserved); any other takes
+        the whole claim under its locks (job_claim_flow)."""
+        own = self.workers.own_ends
+        ended = list(own.fences) if own is not None else []
+        if self.reservable:
+            places = await self.q.flow_reserve(conn, self.queue, limit, self.member_id, ended)
+            if places is not None:
+                rows = []
+                if places:
+                    rows = await self.q.job_claim_reserved(
+                        conn, self.queue, self.member_id, self.lease
+                    )
+                held_back = places < limit and len(rows) == places
+                return rows, ["global_concurrency"] if held_back else []
+            self.reservable = False  # a limit or groups since: the whole claim from now on
+        flow_rows = await self.q.job_claim_flow(
+            conn, self.queue, limit, self.member_id, self.lease, ended
+        )
+        held = [row.held_by for row in flow_rows if row.id is None]
+        return [row.claim_row() for row in flow_rows if row.id is not None], held
 
     async def _gather_slots(self) -> None:
         if self.flow:
@@ -230,6 +252,7 @@ class Producer:
 
     async def _read_flow(self, conn: asyncpg.Connection) -> None:
         flow = bool(await self.q.queue_flow_get(conn, self.queue))
+        self.reservable = flow and await self.q.queue_reservable_get(conn, self.queue)
         self._flow_read_at = time.monotonic()
         if flow:
             self.workers.own_ends = self.completer.track_ends(self.queue, self.wakeup)

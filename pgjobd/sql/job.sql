@@ -138,6 +138,50 @@ RETURNING j.id, j.fence, j.kind, j.queue, j.attempt, j.max_attempts, j.crashes, 
           j.depends_on, j.after_jobs, j.blockers_failed,
           j.trace_context::text AS trace_context;
 
+-- name: flow_reserve
+-- Places for member $3's next claim from queue $1, at most $2, under the queue's
+-- global_concurrency (migration 0021): recorded until job_claim_reserved takes them;
+-- NULL when the queue is not reservable (it claims through job_claim_flow then).
+-- $1 queue, $2 limit, $3 member id, $4 ended fences (as job_claim_flow's)
+SELECT {{schema}}.flow_reserve($1, $2, $3, $4::bigint[]) AS places;
+
+-- name: job_claim_reserved
+-- job_claim for the places flow_reserve granted member $2 in queue $1: takes up to that
+-- many and deletes the reservation in the same statement (one whose reservation was
+-- deleted as expired takes nothing). Nothing either if the queue stopped being
+-- reservable since (a limit, groups or a pause added).
+-- $1 queue, $2 member id, $3 lease
+WITH reservation AS (
+    DELETE FROM {{schema}}.flow_reservation AS r
+    WHERE r.queue = $1 AND r.claimer = $2
+    RETURNING r.places
+), picked AS (
+    SELECT j.id
+    FROM {{schema}}.job AS j
+    WHERE j.state = 'available' AND j.queue = $1
+      AND {{schema}}.queue_reservable($1)
+      AND (j.expires_at IS NULL OR j.expires_at > now())  -- expired: the reaper ends it
+    ORDER BY j.priority, j.run_at, j.id
+    LIMIT coalesce((SELECT sum(r.places) FROM reservation AS r), 0)
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {{schema}}.job AS j
+SET state = 'running', attempt = j.attempt + 1, fence = nextval('{{schema}}.fence_seq'),
+    owner = $2, attempted_at = now(), lease_expires_at = now() + $3::interval
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id, j.fence, j.kind, j.queue, j.attempt, j.max_attempts, j.crashes, j.priority,
+          j.tenant, j.enqueued_at, j.run_at AS scheduled_at, j.args::text AS args,
+          extract(epoch FROM now() - j.run_at)::float8 AS waited_s,
+          j.depends_on, j.after_jobs, j.blockers_failed,
+          j.trace_context::text AS trace_context;
+
+-- name: queue_reservable_get
+-- Whether queue $1 claims through flow_reserve and job_claim_reserved (its only limit
+-- a global_concurrency: migration 0021).
+-- $1 queue
+SELECT {{schema}}.queue_reservable($1) AS reservable;
+
 -- name: job_results
 -- The results of jobs $1 (what a job waited for; read when its handler asks):
 -- {"id": result} from the latest final record of each, as JSON text (NULL: none found).

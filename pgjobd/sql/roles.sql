@@ -103,6 +103,8 @@ GRANT EXECUTE ON FUNCTION
 GRANT EXECUTE ON FUNCTION
     {{schema}}.job_claim_flow(text, integer, text, interval),
     {{schema}}.job_claim_flow(text, integer, text, interval, bigint[]),
+    {{schema}}.flow_reserve(text, integer, text, bigint[]),
+    {{schema}}.queue_reservable(text),
     {{schema}}.job_group_heads(text, text, text, integer, text[], integer),
     {{schema}}.flow_lock(text),
     {{schema}}.flow_rate_room(text, integer, interval, timestamptz, integer),
@@ -150,7 +152,8 @@ GRANT DELETE ON {{schema}}.job_dependency TO {{schema}}_admin, {{schema}}_worker
 GRANT INSERT, UPDATE, DELETE ON {{schema}}.member, {{schema}}.leader, {{schema}}.kind
     TO {{schema}}_worker;
 -- Flow control: the limited claim's rate log, and the leader's depth recount.
-GRANT INSERT, UPDATE, DELETE ON {{schema}}.flow_start TO {{schema}}_worker;
+GRANT INSERT, UPDATE, DELETE ON {{schema}}.flow_start, {{schema}}.flow_reservation
+    TO {{schema}}_worker;
 -- Fair queues (migration 0014): the claims' passes, and the members' [tenants] weights.
 GRANT INSERT, UPDATE, DELETE ON {{schema}}.fair_pass, {{schema}}.tenant_weight
     TO {{schema}}_worker;

@@ -315,6 +315,29 @@ class JobStatements(Rendered):
         )
         return rows_of(FlowClaimRow, records)
 
+    @statement("flow_reserve")
+    async def flow_reserve(
+        self, conn: Conn, queue: str, limit: int, member_id: str, ended: Sequence[int] = ()
+    ) -> int | None:
+        """Places granted (None: the queue is not reservable)."""
+        places: int | None = await conn.fetchval(
+            self.sql("flow_reserve"), queue, limit, member_id, list(ended)
+        )
+        return places
+
+    @statement("job_claim_reserved")
+    async def job_claim_reserved(
+        self, conn: Conn, queue: str, member_id: str, lease: timedelta
+    ) -> list[ClaimRow]:
+        records = await conn.fetch(self.sql("job_claim_reserved"), queue, member_id, lease)
+        return rows_of(ClaimRow, records)
+
+    @statement("queue_reservable_get")
+    async def queue_reservable_get(self, conn: Conn, queue: str) -> bool:
+        """Whether the queue claims through flow_reserve and job_claim_reserved."""
+        reservable: bool = await conn.fetchval(self.sql("queue_reservable_get"), queue)
+        return reservable
+
     @statement("queue_flow_get")
     async def queue_flow_get(self, conn: Conn, queue: str) -> bool:
         """Whether the queue claims through job_claim_flow."""

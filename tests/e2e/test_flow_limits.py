@@ -19,6 +19,9 @@ from .events import JSON_LOG, wait_for_event
 pytestmark = pytest.mark.anyio
 StartMember = Callable[..., Awaitable[MemberProcess]]
 HANDLERS = Path(__file__).parent / "handlers_flow"
+# The same and a kind with its own limit: every queue on job_claim_flow (HANDLERS alone
+# leaves a queue whose only limit is its global_concurrency on flow_reserve).
+CAPPED_HANDLERS = Path(__file__).parent / "handlers_flow_capped"
 
 
 def api_queue(global_concurrency: int) -> str:
@@ -72,6 +75,8 @@ async def test_global_concurrency_holds_across_members_through_a_kill_and_a_relo
     runs = ledger_runs(ledger)
     assert most_at_once(runs) <= 3
     assert most_at_once(runs) >= 2  # the members did run jobs side by side
+    # The queue's only limit is its global_concurrency: claimed through reservations.
+    assert await conn.fetchval(f"SELECT {schema}.queue_reservable('api')")
 
 
 async def test_a_kinds_declared_limit_holds_across_members(
@@ -79,7 +84,7 @@ async def test_a_kinds_declared_limit_holds_across_members(
 ) -> None:
     ledger = tmp_path / "ledger"
     for _ in range(2):
-        await start_member(api_queue(50), daemon=JSON_LOG, handlers=HANDLERS)
+        await start_member(api_queue(50), daemon=JSON_LOG, handlers=CAPPED_HANDLERS)
     declared = await conn.fetchrow(
         f"SELECT global_concurrency, rate_limit, rate_window FROM {schema}.kind "
         "WHERE name = 'capped_record'"

@@ -113,22 +113,39 @@ class Fleet:
         )  # fmt: skip
 
     async def claim_ending_first(
-        self, queue: str, member: str, done: Callable[[], Awaitable[bool]], batch: int = 4
+        self,
+        queue: str,
+        member: str,
+        done: Callable[[], Awaitable[bool]],
+        batch: int = 4,
+        reserving: bool = False,
     ) -> None:
         """As a member claims: a handler's end is noted at once (on the database's clock)
         and its fence passed to the next claims as ended; its record is written later,
-        several ends at a time."""
+        several ends at a time. `reserving`: through flow_reserve and job_claim_reserved
+        (every other claim, so that both paths race), else job_claim_flow."""
         conn = await asyncpg.connect(self.dsn)
         rng = random.Random(member)
         ended: dict[int, tuple[asyncpg.Record, datetime, datetime]] = {}  # by fence
+        turn = 0
         try:
             while ended or not await done():
                 wanted = rng.randint(1, batch)
-                rows = await conn.fetch(
-                    self.q.sql("job_claim_flow"), queue, wanted, member, LEASE, list(ended)
-                )
-                self.throttled += sum(1 for row in rows if row["id"] is None)
-                jobs = [row for row in rows if row["id"] is not None]
+                turn += 1
+                if reserving and turn % 2:
+                    places = await conn.fetchval(
+                        self.q.sql("flow_reserve"), queue, wanted, member, list(ended)
+                    )
+                    assert places is not None, "the queue is reservable"
+                    self.throttled += places < wanted
+                    jobs = await conn.fetch(self.q.sql("job_claim_reserved"), queue, member, LEASE)
+                    assert len(jobs) <= places
+                else:
+                    rows = await conn.fetch(
+                        self.q.sql("job_claim_flow"), queue, wanted, member, LEASE, list(ended)
+                    )
+                    self.throttled += sum(1 for row in rows if row["id"] is None)
+                    jobs = [row for row in rows if row["id"] is not None]
                 await anyio.sleep(rng.random() * 0.003)
                 for job in jobs:
                     times = await conn.fetchrow(
@@ -207,15 +224,25 @@ async def _enqueue(conn: asyncpg.Connection, q: Queries, kind: str, queue: str,
     )
 
 
-@pytest.mark.parametrize(("limit", "ends_first"), [("queue", False), ("queue", True),
-                                                 ("kind", True)])  # fmt: skip
+RACES = [
+    ("queue", "at_once"),
+    ("queue", "ends_first"),
+    ("kind", "ends_first"),
+    ("queue", "reserving"),
+]
+
+
+@pytest.mark.parametrize(("limit", "how"), RACES)
 async def test_global_concurrency_is_never_exceeded_by_racing_claimers(
-    conn: asyncpg.Connection, schema: str, fleet: Fleet, limit: str, ends_first: bool
+    conn: asyncpg.Connection, schema: str, fleet: Fleet, limit: str, how: str
 ) -> None:
-    """With ends_first the claimers pass the fences of their jobs whose handlers ended
-    and whose ends are not recorded yet (migration 0021), as members do: claims take
-    those places at once, and the jobs running at any instant, by the ledger of handler
-    starts and ends, still never pass N."""
+    """ends_first: the claimers pass the fences of their jobs whose handlers ended and
+    whose ends are not recorded yet (migration 0021), as members do: claims take those
+    places at once. reserving: as well, every other claim reserves its places under the
+    lock and claims them without it (flow_reserve, job_claim_reserved), racing the
+    claims that hold the lock throughout. The jobs running at any instant, by the ledger
+    of handler starts and ends, never pass N."""
+    ends_first = how != "at_once"
     if limit == "queue":
         await _set_limits(conn, schema, limited=QueueConfig(global_concurrency=3))
     else:
@@ -224,10 +251,13 @@ async def test_global_concurrency_is_never_exceeded_by_racing_claimers(
     for _ in range(80):
         await _enqueue(conn, fleet.q, "work", "limited")
     done = _none_left(conn, schema)
-    claimer = fleet.claim_ending_first if ends_first else fleet.claim_and_finish
     async with anyio.create_task_group() as tg:
         for n in range(5):
-            tg.start_soon(claimer, "limited", f"member-{n}", done)
+            if ends_first:
+                tg.start_soon(fleet.claim_ending_first, "limited", f"member-{n}", done, 4,
+                              how == "reserving")  # fmt: skip
+            else:
+                tg.start_soon(fleet.claim_and_finish, "limited", f"member-{n}", done)
         tg.start_soon(fleet.sample_running, "limited", done)
     assert len(fleet.runs) == 80
     assert most_at_once(fleet.runs) == 3  # reached, never passed
@@ -236,6 +266,58 @@ async def test_global_concurrency_is_never_exceeded_by_racing_claimers(
     else:
         assert max(fleet.running_seen) <= 3
     assert fleet.throttled > 0
+
+
+async def test_a_reservation_never_claimed_holds_its_places_until_it_expires(
+    conn: asyncpg.Connection, schema: str, fleet: Fleet
+) -> None:
+    """A member that reserved and died before claiming: its places count for 5 s; the
+    next count deletes the expired reservation, and a late claim on it takes nothing."""
+    await _set_limits(conn, schema, q=QueueConfig(global_concurrency=3))
+    for _ in range(6):
+        await _enqueue(conn, fleet.q, "work", "q")
+    reserve, claim = fleet.q.sql("flow_reserve"), fleet.q.sql("job_claim_reserved")
+    assert await conn.fetchval(reserve, "q", 2, "dying", []) == 2
+    assert await conn.fetchval(reserve, "q", 5, "live", []) == 1
+    assert len(await conn.fetch(claim, "q", "live", LEASE)) == 1
+    assert await conn.fetchval(reserve, "q", 5, "live", []) == 0  # dying's 2 still count
+    # The full claim counts the reservation too.
+    rows = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", 5, "other", LEASE, [])
+    assert [row["held_by"] for row in rows] == ["global_concurrency"]
+    await conn.execute(
+        f"UPDATE {schema}.flow_reservation SET expires_at = clock_timestamp() - interval '1 s'"
+    )
+    assert await conn.fetchval(reserve, "q", 5, "live", []) == 2
+    assert await conn.fetch(claim, "q", "dying", LEASE) == []  # deleted as expired
+    assert len(await conn.fetch(claim, "q", "live", LEASE)) == 2
+    assert await conn.fetchval(
+        f"SELECT count(*) FROM {schema}.job WHERE state = 'running'"
+    ) == 3  # fmt: skip
+    assert await conn.fetchval(f"SELECT count(*) FROM {schema}.flow_reservation") == 0
+
+
+@pytest.mark.parametrize("other_limit", ["rate_limit", "group", "kind_limit", "paused"])
+async def test_only_a_queue_limited_by_its_global_concurrency_alone_reserves(
+    conn: asyncpg.Connection, schema: str, fleet: Fleet, other_limit: str
+) -> None:
+    await _set_limits(conn, schema, q=QueueConfig(global_concurrency=3))
+    await _enqueue(conn, fleet.q, "work", "q")
+    assert await conn.fetchval(fleet.q.sql("queue_reservable_get"), "q")
+    reserve, claim = fleet.q.sql("flow_reserve"), fleet.q.sql("job_claim_reserved")
+    assert await conn.fetchval(reserve, "q", 1, "m", []) == 1
+    if other_limit == "rate_limit":
+        await _set_limits(conn, schema, q=QueueConfig(global_concurrency=3, rate_limit="5/1s"))
+    elif other_limit == "group":
+        await _enqueue(conn, fleet.q, "work", "q", group="g")
+    elif other_limit == "kind_limit":
+        await conn.execute(f"INSERT INTO {schema}.kind (name, queue, global_concurrency) "
+                           "VALUES ('other', 'x', 1)")  # fmt: skip
+    else:
+        await conn.execute(f"UPDATE {schema}.queue SET paused = true WHERE name = 'q'")
+    assert not await conn.fetchval(fleet.q.sql("queue_reservable_get"), "q")
+    # A reservation made before takes nothing once the queue needs the whole claim.
+    assert await conn.fetch(claim, "q", "m", LEASE) == []
+    assert await conn.fetchval(reserve, "q", 1, "m", []) is None
 
 
 async def test_only_the_claimers_own_ended_jobs_are_left_out(

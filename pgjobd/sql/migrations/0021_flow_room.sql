@@ -9,14 +9,104 @@
 -- until their ends are recorded (they cannot know better); a member that dies leaves
 -- them counted until the reaper ends their leases, as before. A fence names one claim
 -- of one job, so an entry that outlived its claim (the job reaped and claimed again)
--- matches nothing; and only the claimer's own jobs are left out. Not left out: a half-open breaker's probe (the breaker role decides
--- from its record) and an ordered group's running job (its end decides what the group
--- runs next: a retry keeps the head's place).
+-- matches nothing; and only the claimer's own jobs are left out. Not left out: a
+-- half-open breaker's probe (the breaker role decides from its record) and an ordered
+-- group's running job (its end decides what the group runs next: a retry keeps the
+-- head's place).
 --
--- Restated from migration 0018 with those three counts changed; the 4-argument form
--- stays for members of earlier releases, as the same claim with nothing ended. Any
--- restatement of job_claim_flow starts from here. "{{schema}}" is replaced by the
--- configured schema name.
+--
+-- A queue whose only limit is its global_concurrency claims out of the lock (issue 12):
+-- job_claim_flow holds the queue's lock fleet-wide from its count to its commit, so the
+-- fleet made one claim at a time (about 350 a second at best, global_concurrency 50 on
+-- 2 members at 0.45 of per-member limits). Such a queue now claims in two short
+-- transactions: flow_reserve takes the lock, counts, and records the places it grants
+-- in flow_reservation (its commit releases the lock); job_claim_reserved then claims up
+-- to that many without the lock and deletes the reservation in the same statement. A
+-- count (flow_reserve's, or job_claim_flow's for the same queue) adds the reservations
+-- to the running jobs in one statement, so it sees either a claim's reservation or its
+-- jobs, never neither. A reservation a member never claims (it died between the two)
+-- holds its places for RESERVATION_TTL (5 s); the next count deletes it, and a claim
+-- whose reservation was deleted takes nothing (its DELETE waits for the deleter's
+-- commit and then finds no row).
+--
+-- job_claim_flow is restated from migration 0018 with those counts changed; the
+-- 4-argument form stays for members of earlier releases, as the same claim with nothing
+-- ended. Any restatement of job_claim_flow starts from here. "{{schema}}" is replaced by
+-- the configured schema name.
+
+-- Places granted to a member's claim in flight (one per queue and member: a member
+-- claims a limited queue with one claim loop). Unlogged: a reservation lives for
+-- milliseconds, and none outlives a server crash that an unlogged table does not.
+CREATE UNLOGGED TABLE {{schema}}.flow_reservation (
+    queue       text        NOT NULL,
+    claimer     text        NOT NULL,
+    places      integer     NOT NULL CHECK (places > 0),
+    expires_at  timestamptz NOT NULL,
+    PRIMARY KEY (queue, claimer)
+);
+
+-- Whether queue `q` may claim through flow_reserve and job_claim_reserved: not paused,
+-- a global_concurrency and no other limit of its own, no groups, and no kind with a
+-- limit or a breaker that is not closed (those put every queue on job_claim_flow).
+CREATE FUNCTION {{schema}}.queue_reservable(q text)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT EXISTS (SELECT FROM {{schema}}.queue AS x
+                   WHERE x.name = q AND NOT x.paused AND x.global_concurrency IS NOT NULL
+                     AND x.rate_limit IS NULL AND NOT x.grouped
+                     AND x.tenant_concurrency IS NULL AND x.fair IS NOT TRUE)
+           AND NOT EXISTS (SELECT FROM {{schema}}.kind AS k
+                           WHERE k.global_concurrency IS NOT NULL
+                              OR k.rate_limit IS NOT NULL OR k.breaker_limit IS NOT NULL)
+$$;
+
+-- Grants `claimer` up to `wanted` places in `claim_queue` under its global_concurrency
+-- and records them (replacing the claimer's earlier reservation, and deleting expired
+-- ones); NULL when the queue is not reservable (job_claim_flow then). `ended`: as
+-- job_claim_flow's.
+CREATE FUNCTION {{schema}}.flow_reserve(
+    claim_queue text, wanted integer, claimer text, ended bigint[]
+)
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    width integer;
+    used  integer;
+    room  integer;
+BEGIN
+    IF NOT {{schema}}.queue_reservable(claim_queue) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM {{schema}}.flow_lock('queue ' || claim_queue);
+    -- From here on: fresh snapshots, taken under the lock.
+    IF NOT {{schema}}.queue_reservable(claim_queue) THEN
+        RETURN NULL;
+    END IF;
+    ended := coalesce(ended, '{}');
+    -- (Waits for a claim deleting an expired reservation: then the count sees its jobs.)
+    DELETE FROM {{schema}}.flow_reservation AS r
+    WHERE r.queue = claim_queue
+      AND (r.claimer = flow_reserve.claimer OR r.expires_at < clock_timestamp());
+    SELECT q.global_concurrency INTO width FROM {{schema}}.queue AS q
+    WHERE q.name = claim_queue;
+    -- One statement, one snapshot: a claim's reservation or its jobs, never neither.
+    SELECT (SELECT count(*) FROM {{schema}}.job AS j
+            WHERE j.state = 'running' AND j.queue = claim_queue
+              AND NOT (j.fence = ANY(ended) AND j.owner = flow_reserve.claimer))
+           + (SELECT coalesce(sum(r.places), 0) FROM {{schema}}.flow_reservation AS r
+              WHERE r.queue = claim_queue)
+    INTO used;
+    room := least(wanted, greatest(width - used, 0));
+    IF room > 0 THEN
+        INSERT INTO {{schema}}.flow_reservation (queue, claimer, places, expires_at)
+        VALUES (claim_queue, flow_reserve.claimer, room, clock_timestamp() + interval '5 s');
+    END IF;
+    RETURN room;
+END;
+$$;
 
 CREATE FUNCTION {{schema}}.job_claim_flow(
     claim_queue text, wanted integer, claimer text, lease interval, ended bigint[]
@@ -132,9 +222,15 @@ BEGIN
            OR k.breaker_limit IS NOT NULL)
       AND k.name <> ALL(locked);
     IF q.global_concurrency IS NOT NULL THEN
-        SELECT count(*) INTO running FROM {{schema}}.job AS j
-        WHERE j.state = 'running' AND j.queue = claim_queue
-          AND NOT (j.fence = ANY(ended) AND j.owner = claimer);
+        -- Places reserved by claims in flight count as running (see flow_reserve).
+        DELETE FROM {{schema}}.flow_reservation AS r
+        WHERE r.queue = claim_queue AND r.expires_at < clock_timestamp();
+        SELECT (SELECT count(*) FROM {{schema}}.job AS j
+                WHERE j.state = 'running' AND j.queue = claim_queue
+                  AND NOT (j.fence = ANY(ended) AND j.owner = claimer))
+               + (SELECT coalesce(sum(r.places), 0) FROM {{schema}}.flow_reservation AS r
+                  WHERE r.queue = claim_queue)
+        INTO running;
         gc_room := greatest(q.global_concurrency - running, 0);
         room := least(room, gc_room);
     END IF;

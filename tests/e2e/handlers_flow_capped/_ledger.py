@@ -1,0 +1,1 @@
+../handlers_flow/_ledger.py
