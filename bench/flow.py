@@ -21,10 +21,15 @@ Two parts, each in its own fresh schema (``bench_flow``, dropped at the end):
   ``concurrency = 25`` each (per-member limits adding up to 50); and jobs of 100
   tenants in a queue with ``fair = true`` against the same jobs without it
   (concurrency 50 each). Timed from the enqueue's commit to an empty hot table.
+- flood: 2 members drain a fair queue where one tenant has ``--flood-n`` jobs queued
+  (100,000); every 0.5 s another tenant enqueues one job. Per such job: the queue's
+  starts between its enqueue and its start (the fairness bound says at most the number
+  of waiting tenants, 2, per claim order), and that wait in ms.
 
     .venv/bin/python bench/flow.py [--reps 3] [--n 20000] [--drain-n 5000]
         [--dsn DSN | --private]
-        [--parts claim,drain] [--drains per_member_25x2,global_50,tenants_100,fair_100]
+        [--parts claim,drain,flood] [--drains per_member_25x2,global_50,tenants_100,fair_100]
+        [--flood-n 100000] [--probes 5]
         [--modes baseline,unlimited,no_breaker,limited,every_limit,tenants,fair]
 
 Not a test: it prints figures, and the ratios beside the issue's targets.
@@ -34,11 +39,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -216,7 +223,12 @@ DRAIN_SETUPS = {
 DRAIN_PAIRS = (("global_50", "per_member_25x2", 0.8), ("fair_100", "tenants_100", 0.7))
 
 
-async def drain_once(dsn: str, queue_toml: str, n: int, members: int, tenants: bool) -> float:
+@contextlib.asynccontextmanager
+async def members_running(
+    dsn: str, queue_toml: str, members: int
+) -> AsyncIterator[asyncpg.Connection]:
+    """`members` real `pgjobd run` members serving queue "default" (QUEUE_TOML) on a
+    fresh schema, each past its first claim; yields an admin session."""
     conn = await fresh_schema(dsn)
     processes = []
     try:
@@ -227,32 +239,15 @@ async def drain_once(dsn: str, queue_toml: str, n: int, members: int, tenants: b
                 )
                 processes.append(
                     await asyncio.create_subprocess_exec(
-                        sys.executable,
-                        "-m",
-                        "pgjobd",
-                        "run",
-                        "--config",
-                        str(config),
+                        sys.executable, "-m", "pgjobd", "run", "--config", str(config),
                         env={**os.environ, "PGJOBD_DSN": dsn},
-                        stdout=asyncio.subprocess.DEVNULL,
-                        stderr=asyncio.subprocess.DEVNULL,
+                        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
                     )
-                )
+                )  # fmt: skip
             while await conn.fetchval(f"SELECT count(*) FROM {SCHEMA}.member") < members:  # noqa: ASYNC110
                 await asyncio.sleep(0.1)
             await asyncio.sleep(1.0)  # every producer has made its first claim
-            tenant = "'t' || (g % 100)" if tenants else "NULL"
-            started = time.perf_counter()
-            await conn.execute(
-                f"""INSERT INTO {SCHEMA}.job (state, queue, kind, args, tenant)
-                    SELECT 'available', 'default', 'bench_noop', '{{}}'::jsonb, {tenant}
-                    FROM generate_series(1, $1) AS g""",
-                n,
-            )
-            await conn.execute(f"NOTIFY \"{SCHEMA}.job_ready\", 'default'")
-            while await conn.fetchval(f"SELECT EXISTS (SELECT FROM {SCHEMA}.job)"):  # noqa: ASYNC110
-                await asyncio.sleep(0.02)
-            return time.perf_counter() - started
+            yield conn
     finally:
         for process in processes:
             process.terminate()
@@ -260,6 +255,79 @@ async def drain_once(dsn: str, queue_toml: str, n: int, members: int, tenants: b
             await process.wait()
         await conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
         await conn.close()
+
+
+async def enqueue_rows(conn: asyncpg.Connection, n: int, tenant_sql: str) -> None:
+    """N no-op jobs in one INSERT, their tenant given by `tenant_sql` over g (1..N)."""
+    await conn.execute(
+        f"""INSERT INTO {SCHEMA}.job (state, queue, kind, args, tenant)
+            SELECT 'available', 'default', 'bench_noop', '{{}}'::jsonb, {tenant_sql}
+            FROM generate_series(1, $1) AS g""",
+        n,
+    )
+    await conn.execute(f"NOTIFY \"{SCHEMA}.job_ready\", 'default'")
+
+
+async def drain_once(dsn: str, queue_toml: str, n: int, members: int, tenants: bool) -> float:
+    async with members_running(dsn, queue_toml, members) as conn:
+        started = time.perf_counter()
+        await enqueue_rows(conn, n, "'t' || (g % 100)" if tenants else "NULL")
+        while await conn.fetchval(f"SELECT EXISTS (SELECT FROM {SCHEMA}.job)"):  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        return time.perf_counter() - started
+
+
+FLOOD_TOML = 'concurrency = 50\nprocesses = 2\nhistory = "all"\nfair = true\n'
+
+
+async def flood_once(dsn: str, flood: int, probes: int) -> list[tuple[int, float]]:
+    """A fair queue draining `flood` jobs of one tenant on 2 members; every 0.5 s another
+    tenant enqueues one job. Per probe: the queue's starts between its enqueue and its
+    start, and that time in ms (the database's clock)."""
+    found: list[tuple[int, float]] = []
+    async with members_running(dsn, FLOOD_TOML, 2) as conn:
+        await enqueue_rows(conn, flood, "'flood'")
+        for probe in range(probes):
+            await asyncio.sleep(0.5)
+            late = await conn.fetchval(
+                f"INSERT INTO {SCHEMA}.job (state, queue, kind, args, tenant) VALUES "
+                f"('available', 'default', 'bench_noop', '{{}}', 'late{probe}') RETURNING id"
+            )
+            await conn.execute(f"NOTIFY \"{SCHEMA}.job_ready\", 'default'")
+            row = None
+            while row is None:
+                await asyncio.sleep(0.005)
+                row = await conn.fetchrow(
+                    f"SELECT enqueued_at, attempted_at FROM {SCHEMA}.job_history WHERE id = $1",
+                    late,
+                )
+            between = await conn.fetchval(
+                f"""SELECT (SELECT count(*) FROM {SCHEMA}.job_history AS h
+                            WHERE h.attempted_at > $1 AND h.attempted_at < $2)
+                         + (SELECT count(*) FROM {SCHEMA}.job AS j
+                            WHERE j.state = 'running' AND j.attempted_at > $1
+                              AND j.attempted_at < $2)""",
+                row["enqueued_at"], row["attempted_at"],
+            )  # fmt: skip
+            waited_ms = (row["attempted_at"] - row["enqueued_at"]).total_seconds() * 1000
+            found.append((between, waited_ms))
+            left = await conn.fetchval(f"SELECT count(*) FROM {SCHEMA}.job")
+            print(f"    probe {probe + 1}: {between} starts, {waited_ms:.1f} ms "
+                  f"({left} jobs left)", flush=True)  # fmt: skip
+    return found
+
+
+async def flood_part(dsn: str, reps: int, flood: int, probes: int) -> None:
+    found: list[tuple[int, float]] = []
+    for rep in range(reps):
+        print(f"  rep {rep + 1}: a tenant with {flood} jobs queued, others' single jobs")
+        found += await flood_once(dsn, flood, probes)
+    starts = sorted(f[0] for f in found)
+    waits = sorted(f[1] for f in found)
+    print(f"\nflood: {len(found)} single jobs behind {flood} of another tenant, 2 members, "
+          f"fair = true: starts between enqueue and start median {statistics.median(starts)}, "
+          f"max {starts[-1]}; wait median {statistics.median(waits):.1f} ms, "
+          f"max {waits[-1]:.1f} ms")  # fmt: skip
 
 
 async def drain_part(dsn: str, reps: int, n: int, setups: list[str]) -> None:
@@ -287,7 +355,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=20000)
     parser.add_argument("--drain-n", type=int, default=5000)
     parser.add_argument("--sessions", type=int, default=3)
-    parser.add_argument("--parts", default="claim,drain")
+    parser.add_argument("--parts", default="claim,drain", help="claim,drain,flood")
+    parser.add_argument("--flood-n", type=int, default=100_000)
+    parser.add_argument("--probes", type=int, default=5, help="single jobs per flood rep")
     parser.add_argument("--drains", default=",".join(DRAIN_SETUPS), help="drain setups")
     parser.add_argument(
         "--modes", default="baseline,unlimited,limited,every_limit,tenants,fair",
@@ -305,6 +375,8 @@ async def run_parts(args: argparse.Namespace) -> None:
         await claim_part(args.dsn, args.reps, args.n, args.sessions, modes)
     if "drain" in parts:
         await drain_part(args.dsn, args.reps, args.drain_n, args.drains.split(","))
+    if "flood" in parts:
+        await flood_part(args.dsn, args.reps, args.flood_n, args.probes)
 
 
 if __name__ == "__main__":
