@@ -100,20 +100,22 @@ class Producer:
         self.reservable = False  # of those, claims through flow_reserve: see _claim_flow
         self._flow_read_at = -math.inf
         self.throttled = False  # the last claim was held back by a limit
-        self._flow_changed = anyio.Event()  # set (and made anew) as self.flow changes
+        self._flow_changed = anyio.Event()  # set (and made anew) as the claim path changes
 
     async def run(self) -> None:
         """Run CLAIMERS claim loops. Two loops overlap one claim's round trip with the
         next, so freed slots don't sit idle while a claim is in flight; slots are
         reserved before a claim, so together they never claim more than is free. Under
-        flow control only the first claims: claims queue for the queue's lock
-        fleet-wide, and a second one of the same member only waits there (and comes back
-        empty more often: measured with bench/flow.py, global_50, 4,282 jobs/s with one
-        loop against 3,470 with two, medians of 3)."""
+        flow control only the first claims, unless the queue claims through reservations
+        (see _claim_flow): whole claims queue for the queue's lock fleet-wide, and a
+        second loop of the same member only waits there (and comes back empty more
+        often: measured with bench/flow.py, global_50, 4,282 jobs/s with one loop
+        against 3,470 with two, medians of 3); reservations hold the lock only to count
+        (two loops: 4,609, 3,743, 3,718, 4,332 against one: 3,813, 3,483, 3,655, 4,159,
+        alternating)."""
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._claim_loop, False)
-            for _ in range(CLAIMERS - 1):
-                tg.start_soon(self._claim_loop, True)
+            for loop in range(CLAIMERS):
+                tg.start_soon(self._claim_loop, loop)
 
     def stop(self, within_s: float) -> None:
         """Bound a claim in flight to `within_s` from now (the database may be away);
@@ -126,12 +128,12 @@ class Producer:
     def _unreserved(self) -> int:
         return self.workers.free_slots() - self.reserved
 
-    async def _claim_loop(self, sits_out_flow: bool) -> None:
+    async def _claim_loop(self, loop: int) -> None:
         poll_s = MIN_POLL_S
         saturated = False
         failures = 0
         while True:
-            while sits_out_flow and (self.flow is None or self.flow):
+            while loop > 0 and (self.flow is None or (self.flow and not self.reservable)):
                 await self._flow_changed.wait()
             while self._unreserved() <= 0:
                 await self.workers.wait_changed()
@@ -149,7 +151,7 @@ class Producer:
                 with anyio.CancelScope(shield=True) as scope:
                     self._in_flight.add(scope)
                     try:
-                        jobs = await self.claim(limit)
+                        jobs = await self.claim(limit, loop)
                         await self.workers.submit_many(jobs)
                     finally:
                         self._in_flight.discard(scope)
@@ -182,13 +184,13 @@ class Producer:
                 await self.wakeup.wait(poll_s)
                 poll_s = min(poll_s * 2, MAX_POLL_S)
 
-    async def claim(self, limit: int) -> list[ClaimedJob]:
+    async def claim(self, limit: int, loop: int = 0) -> list[ClaimedJob]:
         started = time.perf_counter()
         async with db.acquire(self.pool) as conn:
             if self.flow is None:
                 await self._read_flow(conn)
             if self.flow:
-                rows, held = await self._claim_flow(conn, limit)
+                rows, held = await self._claim_flow(conn, limit, loop)
                 self.throttled = bool(held)
                 metrics.record_throttled(self.queue, [h for h in held if h is not None])
             else:
@@ -206,7 +208,7 @@ class Producer:
         return [row.claimed_job() for row in rows]
 
     async def _claim_flow(
-        self, conn: asyncpg.Connection, limit: int
+        self, conn: asyncpg.Connection, limit: int, loop: int
     ) -> tuple[list[ClaimRow], list[str | None]]:
         """A claim under flow control, and the limits that held jobs back. A queue whose
         only limit is its global_concurrency reserves its places under the queue's lock
@@ -215,12 +217,12 @@ class Producer:
         own = self.workers.own_ends
         ended = list(own.fences) if own is not None else []
         if self.reservable:
-            places = await self.q.flow_reserve(conn, self.queue, limit, self.member_id, ended)
+            places = await self.q.flow_reserve(conn, self.queue, limit, self.member_id, ended, loop)
             if places is not None:
                 rows = []
                 if places:
                     rows = await self.q.job_claim_reserved(
-                        conn, self.queue, self.member_id, self.lease
+                        conn, self.queue, self.member_id, self.lease, loop
                     )
                 held_back = places < limit and len(rows) == places
                 return rows, ["global_concurrency"] if held_back else []
@@ -252,7 +254,7 @@ class Producer:
 
     async def _read_flow(self, conn: asyncpg.Connection) -> None:
         flow = bool(await self.q.queue_flow_get(conn, self.queue))
-        self.reservable = flow and await self.q.queue_reservable_get(conn, self.queue)
+        reservable = flow and await self.q.queue_reservable_get(conn, self.queue)
         self._flow_read_at = time.monotonic()
         if flow:
             self.workers.own_ends = self.completer.track_ends(self.queue, self.wakeup)
@@ -266,7 +268,8 @@ class Producer:
                 "under flow control" if flow else "without flow control",
                 extra={"event": "producer.flow_changed", "queue": self.queue, "flow": flow},
             )  # fmt: skip
-        if flow != self.flow:
+        changed = (flow, reservable) != (self.flow, self.reservable)
+        self.flow, self.reservable = flow, reservable
+        if changed:
             self._flow_changed.set()
             self._flow_changed = anyio.Event()
-        self.flow = flow

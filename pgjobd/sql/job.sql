@@ -139,21 +139,22 @@ RETURNING j.id, j.fence, j.kind, j.queue, j.attempt, j.max_attempts, j.crashes, 
           j.trace_context::text AS trace_context;
 
 -- name: flow_reserve
--- Places for member $3's next claim from queue $1, at most $2, under the queue's
--- global_concurrency (migration 0021): recorded until job_claim_reserved takes them;
--- NULL when the queue is not reservable (it claims through job_claim_flow then).
--- $1 queue, $2 limit, $3 member id, $4 ended fences (as job_claim_flow's)
-SELECT {{schema}}.flow_reserve($1, $2, $3, $4::bigint[]) AS places;
+-- Places for the next claim of member $3's claim loop $5 from queue $1, at most $2,
+-- under the queue's global_concurrency (migration 0021): recorded until
+-- job_claim_reserved takes them; NULL when the queue is not reservable (it claims
+-- through job_claim_flow then).
+-- $1 queue, $2 limit, $3 member id, $4 ended fences (as job_claim_flow's), $5 loop
+SELECT {{schema}}.flow_reserve($1, $2, $3, $4::bigint[], $5::smallint) AS places;
 
 -- name: job_claim_reserved
--- job_claim for the places flow_reserve granted member $2 in queue $1: takes up to that
--- many and deletes the reservation in the same statement (one whose reservation was
--- deleted as expired takes nothing). Nothing either if the queue stopped being
--- reservable since (a limit, groups or a pause added).
--- $1 queue, $2 member id, $3 lease
+-- job_claim for the places flow_reserve granted member $2's claim loop $4 in queue $1:
+-- takes up to that many and deletes the reservation in the same statement (one whose
+-- reservation was deleted as expired takes nothing). Nothing either if the queue
+-- stopped being reservable since (a limit, groups or a pause added).
+-- $1 queue, $2 member id, $3 lease, $4 loop
 WITH reservation AS (
     DELETE FROM {{schema}}.flow_reservation AS r
-    WHERE r.queue = $1 AND r.claimer = $2
+    WHERE r.queue = $1 AND r.claimer = $2 AND r.loop = $4::smallint
     RETURNING r.places
 ), picked AS (
     SELECT j.id

@@ -103,7 +103,7 @@ GRANT EXECUTE ON FUNCTION
 GRANT EXECUTE ON FUNCTION
     {{schema}}.job_claim_flow(text, integer, text, interval),
     {{schema}}.job_claim_flow(text, integer, text, interval, bigint[]),
-    {{schema}}.flow_reserve(text, integer, text, bigint[]),
+    {{schema}}.flow_reserve(text, integer, text, bigint[], smallint),
     {{schema}}.queue_reservable(text),
     {{schema}}.job_group_heads(text, text, text, integer, text[], integer),
     {{schema}}.flow_lock(text),

@@ -317,19 +317,20 @@ class JobStatements(Rendered):
 
     @statement("flow_reserve")
     async def flow_reserve(
-        self, conn: Conn, queue: str, limit: int, member_id: str, ended: Sequence[int] = ()
-    ) -> int | None:
+        self, conn: Conn, queue: str, limit: int, member_id: str, ended: Sequence[int],
+        loop: int,
+    ) -> int | None:  # fmt: skip
         """Places granted (None: the queue is not reservable)."""
         places: int | None = await conn.fetchval(
-            self.sql("flow_reserve"), queue, limit, member_id, list(ended)
+            self.sql("flow_reserve"), queue, limit, member_id, list(ended), loop
         )
         return places
 
     @statement("job_claim_reserved")
     async def job_claim_reserved(
-        self, conn: Conn, queue: str, member_id: str, lease: timedelta
+        self, conn: Conn, queue: str, member_id: str, lease: timedelta, loop: int
     ) -> list[ClaimRow]:
-        records = await conn.fetch(self.sql("job_claim_reserved"), queue, member_id, lease)
+        records = await conn.fetch(self.sql("job_claim_reserved"), queue, member_id, lease, loop)
         return rows_of(ClaimRow, records)
 
     @statement("queue_reservable_get")

@@ -118,12 +118,13 @@ class Fleet:
         member: str,
         done: Callable[[], Awaitable[bool]],
         batch: int = 4,
-        reserving: bool = False,
+        loop: int | None = None,
     ) -> None:
         """As a member claims: a handler's end is noted at once (on the database's clock)
         and its fence passed to the next claims as ended; its record is written later,
-        several ends at a time. `reserving`: through flow_reserve and job_claim_reserved
-        (every other claim, so that both paths race), else job_claim_flow."""
+        several ends at a time. With a `loop` (the member's claim loop): through
+        flow_reserve and job_claim_reserved every other claim (so that both paths race),
+        else job_claim_flow."""
         conn = await asyncpg.connect(self.dsn)
         rng = random.Random(member)
         ended: dict[int, tuple[asyncpg.Record, datetime, datetime]] = {}  # by fence
@@ -132,13 +133,15 @@ class Fleet:
             while ended or not await done():
                 wanted = rng.randint(1, batch)
                 turn += 1
-                if reserving and turn % 2:
+                if loop is not None and turn % 2:
                     places = await conn.fetchval(
-                        self.q.sql("flow_reserve"), queue, wanted, member, list(ended)
+                        self.q.sql("flow_reserve"), queue, wanted, member, list(ended), loop
                     )
                     assert places is not None, "the queue is reservable"
                     self.throttled += places < wanted
-                    jobs = await conn.fetch(self.q.sql("job_claim_reserved"), queue, member, LEASE)
+                    jobs = await conn.fetch(
+                        self.q.sql("job_claim_reserved"), queue, member, LEASE, loop
+                    )
                     assert len(jobs) <= places
                 else:
                     rows = await conn.fetch(
@@ -253,11 +256,13 @@ async def test_global_concurrency_is_never_exceeded_by_racing_claimers(
     done = _none_left(conn, schema)
     async with anyio.create_task_group() as tg:
         for n in range(5):
-            if ends_first:
-                tg.start_soon(fleet.claim_ending_first, "limited", f"member-{n}", done, 4,
-                              how == "reserving")  # fmt: skip
+            member = f"member-{n // 2}" if how == "reserving" else f"member-{n}"
+            if how == "reserving":  # two claim loops per member
+                tg.start_soon(fleet.claim_ending_first, "limited", member, done, 4, n % 2)
+            elif ends_first:
+                tg.start_soon(fleet.claim_ending_first, "limited", member, done)
             else:
-                tg.start_soon(fleet.claim_and_finish, "limited", f"member-{n}", done)
+                tg.start_soon(fleet.claim_and_finish, "limited", member, done)
         tg.start_soon(fleet.sample_running, "limited", done)
     assert len(fleet.runs) == 80
     assert most_at_once(fleet.runs) == 3  # reached, never passed
@@ -277,19 +282,19 @@ async def test_a_reservation_never_claimed_holds_its_places_until_it_expires(
     for _ in range(6):
         await _enqueue(conn, fleet.q, "work", "q")
     reserve, claim = fleet.q.sql("flow_reserve"), fleet.q.sql("job_claim_reserved")
-    assert await conn.fetchval(reserve, "q", 2, "dying", []) == 2
-    assert await conn.fetchval(reserve, "q", 5, "live", []) == 1
-    assert len(await conn.fetch(claim, "q", "live", LEASE)) == 1
-    assert await conn.fetchval(reserve, "q", 5, "live", []) == 0  # dying's 2 still count
+    assert await conn.fetchval(reserve, "q", 2, "dying", [], 0) == 2
+    assert await conn.fetchval(reserve, "q", 5, "live", [], 0) == 1
+    assert len(await conn.fetch(claim, "q", "live", LEASE, 0)) == 1
+    assert await conn.fetchval(reserve, "q", 5, "live", [], 0) == 0  # dying's 2 still count
     # The full claim counts the reservation too.
     rows = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", 5, "other", LEASE, [])
     assert [row["held_by"] for row in rows] == ["global_concurrency"]
     await conn.execute(
         f"UPDATE {schema}.flow_reservation SET expires_at = clock_timestamp() - interval '1 s'"
     )
-    assert await conn.fetchval(reserve, "q", 5, "live", []) == 2
-    assert await conn.fetch(claim, "q", "dying", LEASE) == []  # deleted as expired
-    assert len(await conn.fetch(claim, "q", "live", LEASE)) == 2
+    assert await conn.fetchval(reserve, "q", 5, "live", [], 0) == 2
+    assert await conn.fetch(claim, "q", "dying", LEASE, 0) == []  # deleted as expired
+    assert len(await conn.fetch(claim, "q", "live", LEASE, 0)) == 2
     assert await conn.fetchval(
         f"SELECT count(*) FROM {schema}.job WHERE state = 'running'"
     ) == 3  # fmt: skip
@@ -304,7 +309,7 @@ async def test_only_a_queue_limited_by_its_global_concurrency_alone_reserves(
     await _enqueue(conn, fleet.q, "work", "q")
     assert await conn.fetchval(fleet.q.sql("queue_reservable_get"), "q")
     reserve, claim = fleet.q.sql("flow_reserve"), fleet.q.sql("job_claim_reserved")
-    assert await conn.fetchval(reserve, "q", 1, "m", []) == 1
+    assert await conn.fetchval(reserve, "q", 1, "m", [], 0) == 1
     if other_limit == "rate_limit":
         await _set_limits(conn, schema, q=QueueConfig(global_concurrency=3, rate_limit="5/1s"))
     elif other_limit == "group":
@@ -316,8 +321,8 @@ async def test_only_a_queue_limited_by_its_global_concurrency_alone_reserves(
         await conn.execute(f"UPDATE {schema}.queue SET paused = true WHERE name = 'q'")
     assert not await conn.fetchval(fleet.q.sql("queue_reservable_get"), "q")
     # A reservation made before takes nothing once the queue needs the whole claim.
-    assert await conn.fetch(claim, "q", "m", LEASE) == []
-    assert await conn.fetchval(reserve, "q", 1, "m", []) is None
+    assert await conn.fetch(claim, "q", "m", LEASE, 0) == []
+    assert await conn.fetchval(reserve, "q", 1, "m", [], 0) is None
 
 
 async def test_only_the_claimers_own_ended_jobs_are_left_out(

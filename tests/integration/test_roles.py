@@ -88,7 +88,7 @@ ROLE_MATRIX |= {
     "integer[],interval[],timestamp with time zone[],integer[],boolean[],integer)": _ENQUEUERS,
     "function job_claim_flow(text,integer,text,interval)": _LEADER,
     "function job_claim_flow(text,integer,text,interval,bigint[])": _LEADER,
-    "function flow_reserve(text,integer,text,bigint[])": _LEADER,
+    "function flow_reserve(text,integer,text,bigint[],smallint)": _LEADER,
     "function queue_reservable(text)": _LEADER,
     "function job_group_heads(text,text,text,integer,text[],integer)": _LEADER,
     "function flow_lock(text)": _LEADER,

@@ -34,15 +34,16 @@
 -- ended. Any restatement of job_claim_flow starts from here. "{{schema}}" is replaced by
 -- the configured schema name.
 
--- Places granted to a member's claim in flight (one per queue and member: a member
--- claims a limited queue with one claim loop). Unlogged: a reservation lives for
+-- Places granted to a member's claim in flight (one per queue, member and claim loop
+-- of the member's). Unlogged: a reservation lives for
 -- milliseconds, and none outlives a server crash that an unlogged table does not.
 CREATE UNLOGGED TABLE {{schema}}.flow_reservation (
     queue       text        NOT NULL,
     claimer     text        NOT NULL,
+    loop        smallint    NOT NULL,
     places      integer     NOT NULL CHECK (places > 0),
     expires_at  timestamptz NOT NULL,
-    PRIMARY KEY (queue, claimer)
+    PRIMARY KEY (queue, claimer, loop)
 );
 
 -- Whether queue `q` may claim through flow_reserve and job_claim_reserved: not paused,
@@ -61,12 +62,12 @@ AS $$
                               OR k.rate_limit IS NOT NULL OR k.breaker_limit IS NOT NULL)
 $$;
 
--- Grants `claimer` up to `wanted` places in `claim_queue` under its global_concurrency
--- and records them (replacing the claimer's earlier reservation, and deleting expired
--- ones); NULL when the queue is not reservable (job_claim_flow then). `ended`: as
--- job_claim_flow's.
+-- Grants claim loop `claim_loop` of `claimer` up to `wanted` places in `claim_queue`
+-- under its global_concurrency and records them (replacing the loop's earlier
+-- reservation, and deleting expired ones); NULL when the queue is not reservable
+-- (job_claim_flow then). `ended`: as job_claim_flow's.
 CREATE FUNCTION {{schema}}.flow_reserve(
-    claim_queue text, wanted integer, claimer text, ended bigint[]
+    claim_queue text, wanted integer, claimer text, ended bigint[], claim_loop smallint
 )
 RETURNS integer
 LANGUAGE plpgsql
@@ -89,7 +90,8 @@ BEGIN
     -- (Waits for a claim deleting an expired reservation: then the count sees its jobs.)
     DELETE FROM {{schema}}.flow_reservation AS r
     WHERE r.queue = claim_queue
-      AND (r.claimer = flow_reserve.claimer OR r.expires_at < clock_timestamp());
+      AND ((r.claimer = flow_reserve.claimer AND r.loop = claim_loop)
+           OR r.expires_at < clock_timestamp());
     SELECT q.global_concurrency INTO width FROM {{schema}}.queue AS q
     WHERE q.name = claim_queue;
     -- One statement, one snapshot: a claim's reservation or its jobs, never neither.
@@ -101,8 +103,9 @@ BEGIN
     INTO used;
     room := least(wanted, greatest(width - used, 0));
     IF room > 0 THEN
-        INSERT INTO {{schema}}.flow_reservation (queue, claimer, places, expires_at)
-        VALUES (claim_queue, flow_reserve.claimer, room, clock_timestamp() + interval '5 s');
+        INSERT INTO {{schema}}.flow_reservation (queue, claimer, loop, places, expires_at)
+        VALUES (claim_queue, flow_reserve.claimer, claim_loop, room,
+                clock_timestamp() + interval '5 s');
     END IF;
     RETURN room;
 END;
