@@ -10,10 +10,10 @@ queue. A queue with fleet-wide limits or groups (its own, or any kind's) claims 
 `job_claim_flow`; `job_claim` refuses such a queue, so a producer that has not noticed a
 new limit claims nothing rather than too much. The producer reads which one applies
 (`queue_flow_get`) at its first claim, and again at most every FLOW_RECHECK_S after a
-claim that came back short. While a limit holds jobs back, it claims again when one of
-its own jobs ends (job_claim_flow does not count a job as running once its handler has
-ended here: OwnEnds), when another member announces an end (queue_room_announce), or
-after MIN_POLL_S.
+claim that came back short. While a limit holds jobs back, it claims again
+FLOW_GATHER_S after one of its own jobs ends (job_claim_flow does not count a job as
+running once its handler has ended here: OwnEnds) or another member announces an end
+(queue_room_announce), or after MIN_POLL_S.
 
 A claim and the hand-over of what it claimed are one step that cancellation does not
 split: once `job_claim` may have committed, the jobs reach the workers (or are given
@@ -59,6 +59,11 @@ BATCH_SHARE = 4
 FLOW_BATCH_WINDOW_S = 0.025
 FLOW_BATCH_SHARE = 2
 FLOW_RECHECK_S = 1.0
+# A claim held back by a limit waits this long once room comes back, so that it takes
+# the places that free up meanwhile in one claim rather than one claim each (measured,
+# bench/flow.py global_50 on a quiet box, single drains alternating: 0 s 4,344, 4,836,
+# 6,261 jobs/s; 5 ms 4,975, 6,263, 6,907; 20 ms 5,292, 6,226, 6,733).
+FLOW_GATHER_S = 0.005
 
 
 class Workers(Protocol):
@@ -249,8 +254,9 @@ class Producer:
         (OwnEnds); on another member, its completer announces it on the queue's
         wake-up once it has recorded the end (queue_room_announce). Wait for either,
         or poll should the announcement not come (the LISTEN session away, a rate
-        limit's window moving on)."""
+        limit's window moving on); then FLOW_GATHER_S more, for more room."""
         await self.wakeup.wait(MIN_POLL_S)
+        await anyio.sleep(FLOW_GATHER_S)
 
     async def _read_flow(self, conn: asyncpg.Connection) -> None:
         flow = bool(await self.q.queue_flow_get(conn, self.queue))
