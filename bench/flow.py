@@ -135,7 +135,8 @@ async def claim_loop(dsn: str, statement: str, q: Queries, out: list[float]) -> 
             out.append(time.perf_counter() - started)
             jobs = [r for r in rows if r["id"] is not None]
             if not jobs:
-                empty += 1
+                if not rows:  # nothing held back by a limit either: none left
+                    empty += 1
                 await asyncio.sleep(0.001)
                 continue
             empty = 0
