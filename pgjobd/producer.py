@@ -141,7 +141,11 @@ class Producer:
             while loop > 0 and (self.flow is None or (self.flow and not self.reservable)):
                 await self._flow_changed.wait()
             while self._unreserved() <= 0:
-                await self.workers.wait_changed()
+                # Bounded: slots another loop reserved and did not fill come back without
+                # a change of the workers' slots, and that loop may then sit out (flow
+                # control), leaving this one to claim them.
+                with anyio.move_on_after(MIN_POLL_S):
+                    await self.workers.wait_changed()
             await self.completer.wait_accepting()
             if saturated:
                 await self._gather_slots()
