@@ -332,7 +332,7 @@ class Completer:
             queues = {o.job.queue for o in ended} & self.flow_queues
             if queues:
                 try:
-                    await self.q.queue_room_announce(conn, sorted(queues))
+                    await self.q.queue_room_announce(conn, sorted(queues), self.member_id)
                 except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as e:
                     log.debug("could not announce room in queues %s: %s", sorted(queues), e)
 

@@ -270,7 +270,7 @@ class Member:
         send, receive = anyio.create_memory_object_stream[Outcome](OUTCOME_BUFFER)
         # each QueueWorkers sends through a clone; closed when all are done
         self.completer = Completer(pool, self.q, self.id, self.live.queues, receive)
-        self.notifier = Notifier(self.config, self.config.queues)
+        self.notifier = Notifier(self.config, self.config.queues, self.id)
         self.notifier.on_cancel = self.cancel_job
         generations = self._generations = Generations(ctx, send, self.completer, self.notifier)
         controls, orders = anyio.create_memory_object_stream[Control](math.inf)

@@ -41,16 +41,21 @@ class Wakeup:
         if self._event.is_set():
             self._event = anyio.Event()
 
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
     async def wait(self, timeout_s: float) -> None:
         with anyio.move_on_after(timeout_s):
             await self._event.wait()
 
 
 class Notifier:
-    def __init__(self, config: Config, queues: Iterable[str]) -> None:
+    def __init__(self, config: Config, queues: Iterable[str], member_id: str = "") -> None:
         self.config = config
+        self.member_id = member_id
         self.channel = f"{config.database.schema}.job_ready"
         self.cancel_channel = f"{config.database.schema}.job_cancel"
+        self.room_channel = f"{config.database.schema}.job_room"
         self.wakeups = {queue: Wakeup() for queue in queues}
         self.on_cancel: Callable[[int], None] = lambda _job_id: None
         self.healthy = False
@@ -63,6 +68,14 @@ class Notifier:
         wakeup = self.wakeups.get(queue)
         if wakeup is not None:
             wakeup.set()
+
+    def _on_room(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        """queue_room_announce: "queue\nmember". A member's own announcements wake
+        nothing: its producers took the places as the jobs ended (OwnEnds), so a claim
+        woken by them would come back empty."""
+        queue, _, member = payload.partition("\n")
+        if member != self.member_id:
+            self._on_notify(_conn, _pid, _channel, queue)
 
     def _on_cancel(self, _conn: object, _pid: int, _channel: str, job_id: str) -> None:
         with contextlib.suppress(ValueError):
@@ -92,6 +105,7 @@ class Notifier:
             try:
                 await conn.add_listener(self.channel, self._on_notify)
                 await conn.add_listener(self.cancel_channel, self._on_cancel)
+                await conn.add_listener(self.room_channel, self._on_room)
                 self.healthy, failures = True, 0
                 log.info("listening on %s", self.channel, extra={"event": "listener.up"})
                 self._wake_all()  # anything enqueued while we were not listening

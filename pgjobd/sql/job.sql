@@ -216,11 +216,12 @@ SELECT coalesce((SELECT q.flow FROM {{schema}}.queue AS q WHERE q.name = $1), fa
        AS flow;
 
 -- name: queue_room_announce
--- Wakes the producers of queues $1, fleet-wide, on <schema>.job_ready: jobs of these
+-- Wakes the producers of queues $1 on the other members, on <schema>.job_room (payload
+-- "queue\nmember": the announcing member's own producers ignore it): jobs of these
 -- queues (under flow control) just ended, so a fleet-wide limit may have room again.
 -- The completer sends it after recording them; nothing else announces room.
--- $1 queues
-SELECT pg_notify('{{schema}}.job_ready', q.name)
+-- $1 queues, $2 member id
+SELECT pg_notify('{{schema}}.job_room', q.name || E'\n' || $2)
 FROM unnest($1::text[]) AS q(name);
 
 -- name: job_promote_due

@@ -346,8 +346,8 @@ class JobStatements(Rendered):
         return flow
 
     @statement("queue_room_announce")
-    async def queue_room_announce(self, conn: Conn, queues: Sequence[str]) -> None:
-        await conn.execute(self.sql("queue_room_announce"), queues)
+    async def queue_room_announce(self, conn: Conn, queues: Sequence[str], member_id: str) -> None:
+        await conn.execute(self.sql("queue_room_announce"), queues, member_id)
 
     @statement("job_promote_due")
     async def job_promote_due(self, conn: Conn, limit: int) -> Promoted:

@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 
 from pgjobd import outcome as storage
 from pgjobd.completer import MAX_BATCH, UNSTORABLE, Completer
-from pgjobd.config import QueueConfig
+from pgjobd.config import Config, DatabaseConfig, QueueConfig
 from pgjobd.duration import Duration
 from pgjobd.model import ClaimedJob, Outcome, Verdict
-from pgjobd.notifier import Wakeup
+from pgjobd.notifier import Notifier, Wakeup
 from pgjobd.queries import Queries, for_schema
 
 pytestmark = pytest.mark.anyio
@@ -301,7 +301,9 @@ class _AnnounceRefused(Queries):
     """The room announcement fails with a real PostgreSQL error, after the batch it
     follows was recorded."""
 
-    async def queue_room_announce(self, conn: asyncpg.Connection, queues: object) -> None:
+    async def queue_room_announce(
+        self, conn: asyncpg.Connection, queues: object, member_id: str
+    ) -> None:
         await conn.execute("SELECT 1 / 0")
 
 
@@ -323,16 +325,25 @@ async def test_a_failed_room_announcement_leaves_the_recorded_batch_alone(world:
     assert [await world.state(j.id) for j in jobs] == ["completed"] * 4 + ["retryable"] * 2
 
 
-async def test_the_end_of_a_flow_queues_jobs_is_announced_once_recorded(world: World) -> None:
-    jobs = await world.claimed(3)
-    heard: list[str] = []
-    channel = f"{world.schema}.job_ready"
-
-    def hear(_conn: object, _pid: int, _channel: str, payload: str) -> None:
-        heard.append(payload)
-
-    await world.conn.add_listener(channel, hear)
-    try:
+async def test_the_end_of_a_flow_queues_jobs_is_announced_to_the_other_members(
+    world: World, dsn: str
+) -> None:
+    """queue_room_announce, sent once the ends are recorded, wakes the queue's producers
+    on another member's Notifier and not on the announcing member's own (its producers
+    took those places as the jobs ended)."""
+    config = Config(database=DatabaseConfig(schema=world.schema), dsn=dsn)
+    own = Notifier(config, ["default"], MEMBER)
+    other = Notifier(config, ["default"], "another-member")
+    async with anyio.create_task_group() as tg:
+        for notifier in (own, other):
+            await tg.start(notifier.run)
+        for notifier in (own, other):
+            notifier.wakeup("default").clear()  # set as each started listening
+        jobs = await world.claimed(3)
+        with anyio.fail_after(60):
+            for notifier in (own, other):  # by the enqueue's notification on job_ready
+                await notifier.wakeup("default").wait(60)
+                notifier.wakeup("default").clear()
         send, receive = anyio.create_memory_object_stream[Outcome](3)
         completer = Completer(world.pool, world.q, MEMBER, QUEUES, receive)
         completer.flow_queues.add("default")
@@ -341,12 +352,12 @@ async def test_the_end_of_a_flow_queues_jobs_is_announced_once_recorded(world: W
                 send.send_nowait(Outcome(j, "completed"))
         with anyio.fail_after(60):
             await completer.run()
-            while not heard:  # noqa: ASYNC110 (a notification's arrival, no event)
-                await anyio.sleep(0.01)
-        assert heard == ["default"]
-        assert [await world.state(j.id) for j in jobs] == ["completed"] * 3
-    finally:
-        await world.conn.remove_listener(channel, hear)
+            await other.wakeup("default").wait(60)
+        assert other.wakeup("default").is_set()
+        await anyio.sleep(0.2)  # the same notification has reached the own listener too
+        assert not own.wakeup("default").is_set()
+        tg.cancel_scope.cancel()
+    assert [await world.state(j.id) for j in jobs] == ["completed"] * 3
 
 
 async def test_a_flow_queues_ended_jobs_are_left_out_of_its_count_until_recorded(
