@@ -92,10 +92,10 @@ class Completer:
         self.stale = 0
         self.unstorable = 0
         self.abandoned: list[int] = []  # job ids left to the reaper at shutdown
-        # Queues claiming under flow control (their producers say): when their jobs end,
-        # the fleet's producers waiting for room are woken (queue_room_announce).
-        self.flow_queues: set[str] = set()
-        self.own_ends: dict[str, OwnEnds] = {}  # of flow queues: see OwnEnds
+        # Queues claiming under flow control (their producers say), each with its
+        # OwnEnds: when their jobs end, the fleet's producers waiting for room are woken
+        # (queue_room_announce).
+        self.own_ends: dict[str, OwnEnds] = {}
         self._deadline: float | None = None  # set at shutdown: stop trying then
         self._attempt: anyio.CancelScope | None = None
 
@@ -308,14 +308,12 @@ class Completer:
 
     def track_ends(self, queue: str, wakeup: Wakeup) -> OwnEnds:
         """The OwnEnds of a queue that claims under flow control."""
-        self.flow_queues.add(queue)
         ends = self.own_ends.get(queue)
         if ends is None:
             ends = self.own_ends[queue] = OwnEnds(wakeup)
         return ends
 
     def untrack_ends(self, queue: str) -> None:
-        self.flow_queues.discard(queue)
         self.own_ends.pop(queue, None)
 
     def _forget_ends(self, recorded: list[Outcome]) -> None:
@@ -328,8 +326,8 @@ class Completer:
     async def _announce_room(self, conn: asyncpg.Connection, ended: list[Outcome]) -> None:
         """Best effort, after the batch is recorded: should it fail, the batch must not
         be written again (its jobs would count as stale); waiting producers poll."""
-        if self.flow_queues:
-            queues = {o.job.queue for o in ended} & self.flow_queues
+        if self.own_ends:
+            queues = {o.job.queue for o in ended} & self.own_ends.keys()
             if queues:
                 try:
                     await self.q.queue_room_announce(conn, sorted(queues), self.member_id)

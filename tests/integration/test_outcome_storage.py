@@ -315,7 +315,7 @@ async def test_a_failed_room_announcement_leaves_the_recorded_batch_alone(world:
     outcomes += [Outcome(j, "failed", error_message="boom") for j in jobs[4:]]
     send, receive = anyio.create_memory_object_stream[Outcome](len(outcomes))
     completer = Completer(world.pool, _AnnounceRefused(world.schema), MEMBER, QUEUES, receive)
-    completer.flow_queues.add("default")
+    completer.track_ends("default", Wakeup())
     async with send:
         for o in outcomes:
             send.send_nowait(o)
@@ -346,15 +346,20 @@ async def test_the_end_of_a_flow_queues_jobs_is_announced_to_the_other_members(
                 notifier.wakeup("default").clear()
         send, receive = anyio.create_memory_object_stream[Outcome](3)
         completer = Completer(world.pool, world.q, MEMBER, QUEUES, receive)
-        completer.flow_queues.add("default")
+        completer.track_ends("default", Wakeup())
         async with send:
             for j in jobs:
                 send.send_nowait(Outcome(j, "completed"))
         with anyio.fail_after(60):
             await completer.run()
             await other.wakeup("default").wait(60)
-        assert other.wakeup("default").is_set()
-        await anyio.sleep(0.2)  # the same notification has reached the own listener too
+            assert other.wakeup("default").is_set()
+            # A notification committed after the announcement reaches the own listener
+            # after it (one session delivers in commit order): once it has, so has that.
+            marker = anyio.Event()
+            own.on_cancel = lambda _job_id: marker.set()
+            await world.conn.execute(f"NOTIFY \"{world.schema}.job_cancel\", '0'")
+            await marker.wait()
         assert not own.wakeup("default").is_set()
         tg.cancel_scope.cancel()
     assert [await world.state(j.id) for j in jobs] == ["completed"] * 3
@@ -378,4 +383,4 @@ async def test_a_flow_queues_ended_jobs_are_left_out_of_its_count_until_recorded
     assert own.fences == {jobs[3].fence}  # not handed over yet: still ended, unrecorded
     assert [await world.state(j.id) for j in jobs[:3]] == ["completed"] * 3
     completer.untrack_ends("default")
-    assert "default" not in completer.flow_queues
+    assert "default" not in completer.own_ends

@@ -28,6 +28,7 @@ class SilentSlots:
 
     def __init__(self) -> None:
         self.free = 0
+        self.waiting = 0  # claim loops waiting for a change
         self.submitted: list[ClaimedJob] = []
 
     def slots(self) -> int:
@@ -37,7 +38,11 @@ class SilentSlots:
         return self.free - len(self.submitted)
 
     async def wait_changed(self) -> None:
-        await anyio.sleep_forever()
+        self.waiting += 1
+        try:
+            await anyio.sleep_forever()
+        finally:
+            self.waiting -= 1
 
     async def submit_many(self, jobs: Sequence[ClaimedJob]) -> None:
         self.submitted += jobs
@@ -64,7 +69,9 @@ async def test_a_loop_waiting_for_slots_sees_slots_that_freed_without_a_change(
         )  # fmt: skip
         async with anyio.create_task_group() as tg:
             tg.start_soon(producer.run)
-            await anyio.sleep(0.2)  # both loops wait for a slot
+            with anyio.fail_after(5):
+                while not workers.waiting:  # noqa: ASYNC110 (a claim loop waits for a slot)
+                    await anyio.sleep(0.01)
             workers.free = 2  # as an unfilled reservation gives slots back: silently
             with anyio.fail_after(5):
                 while not workers.submitted:  # noqa: ASYNC110 (the fake announces nothing)
