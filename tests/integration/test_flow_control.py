@@ -24,6 +24,8 @@ import anyio
 import asyncpg
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pgjobd import Client, JobSpec, QueueFull, admin
 from pgjobd.config import QueueConfig
@@ -323,6 +325,48 @@ async def test_only_a_queue_limited_by_its_global_concurrency_alone_reserves(
     # A reservation made before takes nothing once the queue needs the whole claim.
     assert await conn.fetch(claim, "q", "m", LEASE, 0) == []
     assert await conn.fetchval(reserve, "q", 1, "m", [], 0) is None
+
+
+INT64 = st.integers(-(2**63), 2**63 - 1)
+EDGE_WANTED = st.sampled_from([-(2**31), -1, 0, 1, 2, 3, 2**31 - 1])
+EDGE_FENCES = st.none() | st.lists(
+    st.sampled_from([-(2**63), -1, 0, 1, 2**63 - 1]) | INT64, max_size=30
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(wanted=EDGE_WANTED, ended=EDGE_FENCES, use_own=st.booleans(), reserve=st.booleans())
+async def test_the_claims_arguments_at_their_edges_never_pass_the_limit(
+    conn: asyncpg.Connection, schema: str, fleet: Fleet, wanted: int, ended: list[int] | None,
+    use_own: bool, reserve: bool,
+) -> None:  # fmt: skip
+    """`wanted` and `ended` (migration 0021) at their edges: negative, zero and huge
+    counts, NULL, empty, negative, int64-extreme and duplicate fences, others' and the
+    claimer's own. A claim never errs, never takes less than nothing, and, whatever it
+    is told has ended, running jobs that are not the claimer's own ended ones stay
+    within the limit."""
+    await conn.execute(f"TRUNCATE {schema}.job, {schema}.flow_reservation")
+    await _set_limits(conn, schema, q=QueueConfig(global_concurrency=2))
+    for _ in range(5):
+        await _enqueue(conn, fleet.q, "work", "q")
+    first = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", 1, "m", LEASE, [])
+    own = [r["fence"] for r in first if r["id"] is not None]
+    fences = None if ended is None else ended + (own if use_own else [])
+    if reserve:
+        places = await conn.fetchval(fleet.q.sql("flow_reserve"), "q", wanted, "m", fences, 0)
+        assert places is not None and 0 <= places <= max(wanted, 0)
+        taken = await conn.fetch(fleet.q.sql("job_claim_reserved"), "q", "m", LEASE, 0)
+        assert len(taken) == places
+    else:
+        rows = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", wanted, "m", LEASE, fences)
+        taken = [r for r in rows if r["id"] is not None]
+        assert len(taken) <= max(wanted, 0)
+    # The only running job the claim may leave out is the claimer's own first one,
+    # and only when it was told that one had ended.
+    running = await conn.fetchval(f"SELECT count(*) FROM {schema}.job WHERE state = 'running'")
+    assert running <= 2 + (1 if use_own and fences is not None else 0)
 
 
 async def test_only_the_claimers_own_ended_jobs_are_left_out(

@@ -81,6 +81,9 @@ BEGIN
     IF NOT {{schema}}.queue_reservable(claim_queue) THEN
         RETURN NULL;
     END IF;
+    IF wanted IS NULL OR wanted < 1 THEN
+        RETURN 0;
+    END IF;
     PERFORM {{schema}}.flow_lock('queue ' || claim_queue);
     -- From here on: fresh snapshots, taken under the lock.
     IF NOT {{schema}}.queue_reservable(claim_queue) THEN
