@@ -5,9 +5,10 @@ repetition runs, in this order (interleaved, so noise hits them alike):
 
 - drain rounds: N no-op jobs pre-enqueued (enqueue_many, untimed), then a real
   ``pgjobd run`` subprocess (one member, a temp config per round: processes,
-  concurrency, history) drains them. Timed like the peers' harness: from the first
-  handler start (the handler writes ``first.<pid>``) until a 0.1 s poll finds the hot
-  table empty; the final-record count is then checked. With history "all", the exact end
+  concurrency, history, and ``:def`` for the no-op as a ``def`` handler) drains them.
+  Timed like the peers' harness: from the first handler start (the handler writes
+  ``first.<pid>``) until a 0.1 s poll finds the hot table empty; the final-record count
+  is then checked. With history "all", the exact end
   (the last ``finished_at``) and the rates over the first and last 2,000 jobs come from
   job_history. WAL bytes (``pg_current_wal_insert_lsn``, cluster-wide) and transactions
   (``pg_stat_database`` commits + rollbacks of this database, minus the harness' own
@@ -25,7 +26,7 @@ repetition runs, in this order (interleaved, so noise hits them alike):
   trickle), from the venvs that its run_all.sh creates under /tmp/peers.
 
     /work/venv/bin/python bench/throughput.py [--reps 3] [--peers "pgqueuer oban"]
-        [--rounds 1:50:all,2:50:all,1:50:none] [--dsn DSN] [--json out.json]
+        [--rounds 1:50:all,2:50:all,1:50:none,2:20:all:def] [--dsn DSN] [--json out.json]
         [--profile DIR]    # one extra drain under py-spy (--subprocesses)
 
 Not a test: it prints figures and met/missed against the targets of issue 3.
@@ -88,15 +89,23 @@ class Round:
     processes: int
     concurrency: int
     history: str
+    handler: str = "async"  # "def": the same no-op as a `def` handler (run in a thread)
 
     @property
     def key(self) -> str:
-        return f"p{self.processes} c{self.concurrency} {self.history}"
+        suffix = "" if self.handler == "async" else f" {self.handler}"
+        return f"p{self.processes} c{self.concurrency} {self.history}{suffix}"
+
+    @property
+    def kind(self) -> str:
+        return "bench_noop" if self.handler == "async" else "bench_noop_def"
 
     @classmethod
     def parse(cls, text: str) -> Round:
-        processes, concurrency, history = text.split(":")
-        return cls(int(processes), int(concurrency), history)
+        processes, concurrency, history, *handler = text.split(":")
+        if handler not in ([], ["async"], ["def"]):
+            raise ValueError(f"round {text!r}: the handler is async or def, got {handler[0]!r}")
+        return cls(int(processes), int(concurrency), history, *handler)
 
 
 @dataclass
@@ -309,7 +318,7 @@ async def drain(h: Harness, client: Client, rnd: Round, n: int, *, dsn: str | No
     """Drain n new no-op jobs with one member (options: see Member). Not fresh: the
     tables keep what they hold; the drain ends when no job is available or running.
     on_done runs once the drain is seen done, before the member stops."""
-    first_id = await h.reset_and_enqueue(client, n, fresh=fresh)
+    first_id = await h.reset_and_enqueue(client, n, rnd.kind, fresh=fresh)
     await asyncio.sleep(1.2)  # idle sessions report their transaction counts within 1 s
     xacts_before, polls_before = await h.xacts(), h.polls
     lsn = await h.wal_lsn()

@@ -12,8 +12,9 @@ never loads anyio, asyncpg or the daemon's modules.
   whatever the outermost one returns or raises is the attempt's outcome, exactly as if
   the handler had returned or raised it.
 - async handlers (and their middleware) are cancelled at their timeout (failed,
-  TimeoutError). `def` handlers run in daemon threads, which cannot be interrupted:
-  see pgjobd.worker for what the parent does about one that never returns.
+  TimeoutError). `def` handlers run in daemon threads (reused: pgjobd.handler_threads),
+  which cannot be interrupted: see pgjobd.worker for what the parent does about one that
+  never returns.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from pgjobd.handler_api import (
     validate_args,
 )
 from pgjobd.handler_loader import PACKAGE_ROOT, Registry
+from pgjobd.handler_threads import HandlerThreads
 from pgjobd.middleware import Middleware
 from pgjobd.model import ClaimedJob
 from pgjobd.outcome import MAX_MESSAGE_CHARS, MAX_RESULT_BYTES, MAX_TRACEBACK_CHARS
@@ -55,6 +57,7 @@ from pgjobd.protocol import Done
 
 log = logging.getLogger("pgjobd.worker")
 _JOB_LOGGER = logging.getLogger("pgjobd.job")  # ctx.logger's, the same for every job
+_THREADS = HandlerThreads()  # where `def` handlers run
 
 # A job whose args are newer than its handler comes back this much later (for a member
 # that knows them: a rolling deploy), with no attempt charged.
@@ -294,13 +297,9 @@ async def _call_in_thread(function: Callable[..., Any], args: tuple[Any, ...], j
         with contextlib.suppress(RuntimeError):  # the loop is closed: we are exiting
             loop.call_soon_threadsafe(settle, *outcome)
 
-    # A daemon thread of its own, not an executor: one stuck forever must not keep the
-    # process from exiting.
     # (In the task's context: the job's log fields go with it.)
     context = contextvars.copy_context()
-    threading.Thread(
-        target=context.run, args=(target,), name=f"pgjobd-job-{job_id}", daemon=True
-    ).start()
+    _THREADS.run(functools.partial(context.run, target), f"pgjobd-job-{job_id}")
     return await future
 
 

@@ -19,6 +19,16 @@ _started: list[float] = []  # the first job's start, once known
 
 @job(kind="bench_noop")
 async def bench_noop(args: dict[str, Any]) -> None:
+    _note_first_start()
+
+
+@job(kind="bench_noop_def")
+def bench_noop_def(args: dict[str, Any]) -> None:
+    """The same no-op as a `def` handler: the worker runs it in a thread."""
+    _note_first_start()
+
+
+def _note_first_start() -> None:
     if not _started:
         _started.append(time.time())
         if _RUN_DIR:  # once per process: a few microseconds, not worth a thread
