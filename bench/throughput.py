@@ -188,12 +188,13 @@ class Member:
             raise RuntimeError("no handler start recorded")
         return min(starts)
 
-    def latencies_ms(self) -> list[float]:
-        return [
-            float(line.split()[1]) * 1000
+    def latencies_ms(self) -> dict[int, float]:
+        """The trickle's latencies by job number (args "i")."""
+        return {
+            int(line.split()[0]): float(line.split()[1]) * 1000
             for f in glob.glob(f"{self.rundir}/lat.*")
             for line in Path(f).read_text().splitlines()
-        ]
+        }
 
 
 @contextlib.asynccontextmanager
@@ -409,18 +410,29 @@ async def trickle(h: Harness, client: Client, count: int, rate: float) -> dict[s
         await h.poll(history, lambda v: v >= 1, running)
         await asyncio.sleep(0.5)
         started = time.perf_counter()
+        enqueue_ms: list[float] = []  # each enqueue's own round trip, its commit included
         for k in range(count):
             delay = started + k / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            sent = time.perf_counter()
             await client.enqueue("bench_latency", {"i": k, "t": time.time()})
+            enqueue_ms.append((time.perf_counter() - sent) * 1000)
         achieved = count / (time.perf_counter() - started)
         await h.poll(history, lambda v: v >= count + 1, running)
-        ms = running.latencies_ms()
-    if len(ms) != count:
-        raise RuntimeError(f"trickle: {len(ms)} latencies recorded for {count} jobs")
+        by_job = running.latencies_ms()
+    if sorted(by_job) != list(range(count)):
+        raise RuntimeError(f"trickle: {len(by_job)} latencies recorded for {count} jobs")
+    ms = list(by_job.values())
+    # The part that follows the enqueue's return (its commit): the wake-up, the claim and
+    # the hand-over to the worker. (The handler's clock is read before the enqueue.)
+    after = [by_job[k] - enqueue_ms[k] for k in range(count)]
     return {"p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "max_ms": max(ms),
-            "rate": achieved}  # fmt: skip
+            "rate": achieved,
+            "enqueue_p50_ms": percentile(enqueue_ms, 50),
+            "enqueue_p99_ms": percentile(enqueue_ms, 99),
+            "after_p50_ms": percentile(after, 50),
+            "after_p99_ms": percentile(after, 99)}  # fmt: skip
 
 
 _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\S* \S+ \[(\d+)\]")
@@ -636,6 +648,14 @@ def report(r: Results) -> None:
               f"{spread([t['p99_ms'] for t in r.trickle], '.2f')} / "
               f"{spread([t['max_ms'] for t in r.trickle], '.1f')}  (at "
               f"{statistics.median(t['rate'] for t in r.trickle):.0f}/s)")  # fmt: skip
+        print(f"{'  of which the enqueue p50 / p99':<34} "
+              f"{spread([t['enqueue_p50_ms'] for t in r.trickle], '.2f'):>25} / "
+              f"{spread([t['enqueue_p99_ms'] for t in r.trickle], '.2f')}  (its own round "
+              f"trip and commit)")  # fmt: skip
+        print(f"{'  after the enqueue p50 / p99':<34} "
+              f"{spread([t['after_p50_ms'] for t in r.trickle], '.2f'):>25} / "
+              f"{spread([t['after_p99_ms'] for t in r.trickle], '.2f')}  (wake-up, claim, "
+              f"hand-over)")  # fmt: skip
     peers: dict[str, list[float]] = {}
     for row in r.peers:
         if row["kind"].startswith("drain"):
