@@ -116,7 +116,8 @@ WITH given AS (
         fair_settled = CASE WHEN excluded.fair AND NOT q.fair THEN excluded.fair_settled
                             ELSE q.fair_settled END,
         fair_scan_xmax = CASE WHEN excluded.fair AND NOT q.fair THEN excluded.fair_scan_xmax
-                              ELSE q.fair_scan_xmax END
+                              ELSE q.fair_scan_xmax END,
+        fair_tenants = NULL  -- (the next fair claim finds the waiting tenants anew)
     WHERE (q.global_concurrency, q.rate_limit, q.rate_window, q.max_depth,
            q.tenant_concurrency, q.fair)
           IS DISTINCT FROM (excluded.global_concurrency, excluded.rate_limit,

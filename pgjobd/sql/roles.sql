@@ -110,7 +110,7 @@ GRANT EXECUTE ON FUNCTION
     {{schema}}.flow_rate_room(text, integer, interval, timestamptz, integer),
     {{schema}}.flow_rate_take(text, interval, timestamptz, integer),
     {{schema}}.queue_depth_recount(text[]),
-    {{schema}}.fair_tenant_fill(text),
+    {{schema}}.fair_tenant_mark(text),
     {{schema}}.job_fair_tenants(text, text, text, integer)
     TO {{schema}}_worker;
 -- The dead-job groups' key (migration 0019: `dlq list` and the console), read with the reader's rights.

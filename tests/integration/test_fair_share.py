@@ -175,6 +175,51 @@ async def test_a_new_tenant_behind_a_big_backlog_starts_within_the_bound(
     assert len(started) <= 3
 
 
+async def test_a_tenant_whose_job_comes_back_rejoins_within_a_second(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    """Migration 0022: the queue keeps the tenants its last claim left waiting, and a
+    claim adds those whose new jobs it marks; a tenant dropped when it ran out, whose
+    job then comes back by another path (here the reaper's rescue), is found by the
+    scan that runs once the kept list is a second old: its job starts within about a
+    second, while another tenant's backlog runs."""
+    q = for_schema(schema)
+    await write_queue_limits(conn, q, {"f": QueueConfig(fair=True)}, "m")
+    await _enqueue_many(conn, schema, "f", "a", 500)
+    (returning,) = await _enqueue_many(conn, schema, "f", "b", 1)
+    rows = await conn.fetch(q.sql("job_claim_flow"), "f", 4, "dead-member", LEASE, [])
+    claimed = [r for r in rows if r["id"] is not None]
+    assert returning in [r["id"] for r in claimed]
+    await _complete(conn, q, [r for r in claimed if r["id"] != returning])
+    # b ran out of available jobs: it is no longer kept as waiting.
+    assert await conn.fetchval(f"SELECT fair_tenants FROM {schema}.queue WHERE name = 'f'") == ["a"]
+    await conn.execute(
+        f"UPDATE {schema}.job SET lease_expires_at = now() - interval '1s' WHERE id = $1",
+        returning,
+    )
+    leader = await asyncpg.connect(dsn)
+    try:
+        assert await leader.fetchval(
+            "SELECT pg_try_advisory_lock($1, $2)", *lock_key(LEADER, schema)
+        )
+        term = await leader.fetchval(q.sql("leader_term_begin"), "test")
+        reaped = await conn.fetchrow(
+            q.sql("job_reap_expired"), term, timedelta(0), 10, [], [], 100, None
+        )
+    finally:
+        await leader.close()
+    assert reaped["rescued"] == 1
+    rescued_at = anyio.current_time()
+    started: list[int] = []
+    while returning not in started:
+        assert anyio.current_time() - rescued_at < 1.5, "the rescued tenant was not found"
+        rows = await _claim(conn, q, "f", 1)
+        started += [r["id"] for r in rows]
+        await _complete(conn, q, rows)
+        await anyio.sleep(0.02)
+    assert len(started) < 500  # a's backlog did not run out first
+
+
 async def test_a_queue_made_fair_on_an_empty_table_marks_new_jobs_at_once(
     conn: asyncpg.Connection, schema: str
 ) -> None:

@@ -95,7 +95,7 @@ ROLE_MATRIX |= {
     "function flow_rate_room(text,integer,interval,timestamp with time zone,integer)": _LEADER,
     "function flow_rate_take(text,interval,timestamp with time zone,integer)": _LEADER,
     "function queue_depth_recount(text[])": _LEADER,
-    "function fair_tenant_fill(text)": _LEADER,
+    "function fair_tenant_mark(text)": _LEADER,
     "function job_fair_tenants(text,text,text,integer)": _LEADER,
     "function job_reject_group_key(text,integer,integer)": _INTERNAL,
     "function dead_group_key(text,text)": {
