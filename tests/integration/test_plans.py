@@ -27,6 +27,8 @@ import anyio
 import asyncpg
 import pytest
 
+from pgjobd.config import QueueConfig
+from pgjobd.member.generations import write_queue_limits
 from pgjobd.migrate import migrate
 from pgjobd.queries import for_schema
 
@@ -300,3 +302,50 @@ async def test_the_claim_touches_buffers_in_proportion_to_its_batch_not_the_tabl
     assert pages > bound, f"seed more rows: the hot table has {pages} pages"
     assert plan["Actual Rows"] == BATCH
     assert touched < bound, (touched, rows)
+
+
+@pytest.mark.parametrize("limits", ["global_concurrency", "fair"])
+async def test_a_flow_claim_planned_on_an_empty_table_still_updates_its_rows_by_id(
+    conn: asyncpg.Connection, schema: str, limits: str
+) -> None:
+    """A session's plans outlive the statistics they were made from: with the job table
+    analysed while empty (a new queue, or autovacuum after a queue drained) and then
+    filled, job_claim_flow's update must still find its rows through job_pkey, not by
+    reading all of job_claim_idx (migration 0023; before it, about 120 buffers a row)."""
+    await conn.execute(f"ANALYZE {schema}.job")  # (empty: relpages 0)
+    config = QueueConfig(global_concurrency=1000, fair=limits == "fair")
+    await write_queue_limits(conn, for_schema(schema), {QUEUE: config}, "planner")
+    await conn.execute(
+        f"INSERT INTO {schema}.job (state, queue, kind, args, tenant) "
+        f"SELECT 'available', '{QUEUE}', 'k', '{{}}', 't' || (g % 20) "
+        f"FROM generate_series(1, {DUE_JOBS * 40}) AS g"
+    )
+    notices: list[str] = []
+    conn.add_log_listener(lambda _, message: notices.append(message.message))
+    async with conn.transaction():
+        await conn.execute(
+            "SET LOCAL plan_cache_mode = force_generic_plan; LOAD 'auto_explain'; "
+            "SET LOCAL auto_explain.log_min_duration = 0; "
+            "SET LOCAL auto_explain.log_nested_statements = on; "
+            "SET LOCAL auto_explain.log_analyze = on; SET LOCAL auto_explain.log_buffers = on; "
+            "SET LOCAL auto_explain.log_format = json; SET LOCAL auto_explain.log_level = notice"
+        )
+        claimed = await for_schema(schema).job_claim_flow(
+            conn, QUEUE, BATCH, "planner", timedelta(seconds=30), []
+        )
+    assert len([row for row in claimed if row.id is not None]) == BATCH
+    plans = [json.loads(n.partition("plan:")[2])["Plan"] for n in notices if "plan:" in n]
+    updates = [
+        plan
+        for plan in plans
+        if plan["Node Type"] == "ModifyTable"
+        and plan.get("Operation") == "Update"
+        and plan.get("Relation Name") == "job"
+        and plan.get("Actual Rows") == BATCH
+    ]
+    assert len(updates) == 1, [p["Node Type"] for p in plans]
+    update = updates[0]
+    assert {n.get("Index Name") for n in _nodes(update)} & {"job_pkey"}, json.dumps(update)
+    assert "job_claim_idx" not in {n.get("Index Name") for n in _nodes(update)}
+    touched = update["Shared Hit Blocks"] + update["Shared Read Blocks"]
+    assert touched < 25 * BATCH, touched
