@@ -225,7 +225,10 @@ WITH cancelled AS (
         a.ids, NULL, array_fill('cancelled'::text, ARRAY[cardinality(a.ids)])) AS m
 ), flagged AS (
     UPDATE {{schema}}.job AS j SET cancel_requested = true
-    WHERE j.id = ANY($2::bigint[]) AND j.state = 'running'
+    -- (IS TRUE: a state check the planner cannot take for job_running_idx's predicate,
+    -- which with statistics taken on an empty table it would read whole for the ids;
+    -- see migration 0023.)
+    WHERE j.id = ANY($2::bigint[]) AND (j.state = 'running') IS TRUE
     RETURNING j.id
 ), announced AS (
     SELECT pg_notify('{{schema}}.job_cancel', f.id::text) FROM flagged AS f
@@ -240,7 +243,8 @@ SELECT ARRAY(SELECT c.id FROM cancelled AS c ORDER BY c.id) AS cancelled,
 -- $1 ids
 WITH made AS (
     UPDATE {{schema}}.job AS j SET state = 'available', run_at = now()
-    WHERE j.id = ANY($1::bigint[]) AND j.state IN ('scheduled', 'retryable')
+    -- (IS TRUE: not job_due_idx's predicate, as in admin_jobs_cancel.)
+    WHERE j.id = ANY($1::bigint[]) AND (j.state IN ('scheduled', 'retryable')) IS TRUE
     RETURNING j.id, j.queue
 ), woken AS (
     SELECT pg_notify('{{schema}}.job_ready', q.queue)

@@ -349,3 +349,37 @@ async def test_a_flow_claim_planned_on_an_empty_table_still_updates_its_rows_by_
     assert "job_claim_idx" not in {n.get("Index Name") for n in _nodes(update)}
     touched = update["Shared Hit Blocks"] + update["Shared Read Blocks"]
     assert touched < 25 * BATCH, touched
+
+
+@pytest.mark.parametrize(
+    ("statement", "state", "args"),
+    [
+        ("admin_jobs_make_available", "scheduled", lambda ids: (ids,)),
+        ("admin_jobs_cancel", "running", lambda ids: ([], ids)),
+    ],
+)
+async def test_admin_actions_planned_on_an_empty_table_find_their_jobs_by_id(
+    conn: asyncpg.Connection, schema: str, statement: str, state: str, args: Any
+) -> None:
+    """Admin actions name their jobs by id and check each one's state: with the job
+    table analysed while empty and then filled, the check must not lead the planner into
+    the partial index of that state (job_due_idx, job_running_idx), which it would read
+    whole for a handful of ids."""
+    await conn.execute(f"ANALYZE {schema}.job")  # (empty: relpages 0)
+    await conn.execute(
+        f"""INSERT INTO {schema}.job (state, queue, kind, args, run_at, owner, fence, attempt,
+                                      attempted_at, lease_expires_at)
+            SELECT '{state}', '{QUEUE}', 'k', '{{}}', now() + interval '1 day',
+                   CASE WHEN '{state}' = 'running' THEN 'member-0' END,
+                   CASE WHEN '{state}' = 'running' THEN g END,
+                   CASE WHEN '{state}' = 'running' THEN 1 ELSE 0 END,
+                   CASE WHEN '{state}' = 'running' THEN now() END,
+                   CASE WHEN '{state}' = 'running' THEN now() + interval '1 hour' END
+            FROM generate_series(1, {DUE_JOBS * 40}) AS g"""
+    )
+    ids = [r["id"] for r in await conn.fetch(f"SELECT id FROM {schema}.job ORDER BY id LIMIT 5")]
+    sql = for_schema(schema).sql(statement)
+    plan = await _plan(conn, sql, args(ids), generic=True, analyze=True)
+    used = {node.get("Index Name") for node in _nodes(plan)}
+    assert "job_pkey" in used, json.dumps(plan)[:3000]
+    assert not used & {"job_due_idx", "job_running_idx"}, used
