@@ -6,10 +6,13 @@
 -- cheapest way to that condition and scanned all of it for the ids, whose column is
 -- not its first: every claim then read the whole claim index, some 6,000 buffers for 50
 -- jobs in a 20,000-job drain, under the queue's lock, for as long as the session kept
--- the plan (until the next ANALYZE). The update now joins the picked ids (unnest) to
--- the job table, which the planner takes through job_pkey in every case measured:
--- the table analysed empty, with 3 rows, with 200 rows. The rows are locked already
--- (FOR UPDATE SKIP LOCKED in this transaction); the state check stays as a guard.
+-- the plan (until the next ANALYZE). Joining unnest(picked) instead still went through
+-- job_claim_idx (a hash join over all available jobs, which the statistics put at a
+-- dozen), and a cached plan made while the table had a few pages would scan the table.
+-- So the update is now planned at each claim, for its ids (RETURN QUERY EXECUTE), and
+-- its state check is written `(j.state = 'available') IS TRUE`, which the planner
+-- cannot take for the index's predicate: job_pkey whatever the statistics were. The
+-- check stays as the guard for group heads, which are picked without a lock.
 -- job_claim_flow is restated from 0022 with only that statement changed; any
 -- restatement of it starts from here. "{{schema}}" is replaced by the configured schema
 -- name.
