@@ -318,6 +318,12 @@ async def test_the_claim_touches_buffers_in_proportion_to_its_batch_not_the_tabl
     assert touched < bound, (touched, rows)
 
 
+async def _analyse_while_empty(conn: asyncpg.Connection, schema: str) -> None:
+    """Statistics of an empty job table (relpages 0), kept while the test fills it."""
+    await conn.execute(f"ANALYZE {schema}.job")
+    await conn.execute(f"ALTER TABLE {schema}.job SET (autovacuum_enabled = false)")
+
+
 @pytest.mark.parametrize("limits", ["global_concurrency", "fair"])
 async def test_a_flow_claim_planned_on_an_empty_table_still_updates_its_rows_by_id(
     conn: asyncpg.Connection, schema: str, limits: str
@@ -326,7 +332,7 @@ async def test_a_flow_claim_planned_on_an_empty_table_still_updates_its_rows_by_
     analysed while empty (a new queue, or autovacuum after a queue drained) and then
     filled, job_claim_flow's update must still find its rows through job_pkey, not by
     reading all of job_claim_idx (migration 0023; before it, about 120 buffers a row)."""
-    await conn.execute(f"ANALYZE {schema}.job")  # (empty: relpages 0)
+    await _analyse_while_empty(conn, schema)
     config = QueueConfig(global_concurrency=1000, fair=limits == "fair")
     await write_queue_limits(conn, for_schema(schema), {QUEUE: config}, "planner")
     await conn.execute(
@@ -379,7 +385,7 @@ async def test_admin_actions_planned_on_an_empty_table_find_their_jobs_by_id(
     table analysed while empty and then filled, the check must not lead the planner into
     the partial index of that state (job_due_idx, job_running_idx), which it would read
     whole for a handful of ids."""
-    await conn.execute(f"ANALYZE {schema}.job")  # (empty: relpages 0)
+    await _analyse_while_empty(conn, schema)
     await conn.execute(
         f"""INSERT INTO {schema}.job (state, queue, kind, args, run_at, owner, fence, attempt,
                                       attempted_at, lease_expires_at)
