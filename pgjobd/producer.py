@@ -235,7 +235,7 @@ class Producer:
                 rows = []
                 if places:
                     rows = await self.q.job_claim_reserved(
-                        conn, self.queue, self.member_id, self.lease, loop
+                        conn, self.queue, self.member_id, self.lease, loop, places
                     )
                 held_back = places < limit and len(rows) == places
                 return rows, ["global_concurrency"] if held_back else []

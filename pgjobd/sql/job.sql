@@ -130,8 +130,9 @@ WITH picked AS (
 UPDATE {{schema}}.job AS j
 SET state = 'running', attempt = j.attempt + 1, fence = nextval('{{schema}}.fence_seq'),
     owner = $3, attempted_at = now(), lease_expires_at = now() + $4::interval
-FROM picked
-WHERE j.id = picked.id
+-- (By id, not joined: a join's plan follows the LIMIT's estimate, a tenth of the backlog
+-- when the LIMIT is a parameter of a generic plan, and then scans the hot table.)
+WHERE j.id = ANY(ARRAY(SELECT p.id FROM picked AS p))
 RETURNING j.id, j.fence, j.kind, j.queue, j.attempt, j.max_attempts, j.crashes, j.priority,
           j.tenant, j.enqueued_at, j.run_at AS scheduled_at, j.args::text AS args,
           extract(epoch FROM now() - j.run_at)::float8 AS waited_s,
@@ -149,9 +150,13 @@ SELECT {{schema}}.flow_reserve($1, $2, $3, $4::bigint[], $5::smallint) AS places
 -- name: job_claim_reserved
 -- job_claim for the places flow_reserve granted member $2's claim loop $4 in queue $1:
 -- takes up to that many and deletes the reservation in the same statement (one whose
--- reservation was deleted as expired takes nothing). Nothing either if the queue
+-- reservation was deleted as expired, or holds fewer places, takes nothing). Nothing either if the queue
 -- stopped being reservable since (a limit, groups or a pause added).
--- $1 queue, $2 member id, $3 lease, $4 loop
+-- The number of places comes from the caller ($5, what flow_reserve granted) and is
+-- checked against the reservation: a LIMIT read from the reservation itself is unknown
+-- to the planner, which then expected a tenth of the queue's backlog and joined the
+-- picked ids to a scan of the whole hot table.
+-- $1 queue, $2 member id, $3 lease, $4 loop, $5 places granted
 WITH reservation AS (
     DELETE FROM {{schema}}.flow_reservation AS r
     WHERE r.queue = $1 AND r.claimer = $2 AND r.loop = $4::smallint
@@ -161,16 +166,18 @@ WITH reservation AS (
     FROM {{schema}}.job AS j
     WHERE j.state = 'available' AND j.queue = $1
       AND {{schema}}.queue_reservable($1)
+      AND (SELECT sum(r.places) FROM reservation AS r) >= $5::integer
       AND (j.expires_at IS NULL OR j.expires_at > now())  -- expired: the reaper ends it
     ORDER BY j.priority, j.run_at, j.id
-    LIMIT coalesce((SELECT sum(r.places) FROM reservation AS r), 0)
+    LIMIT $5::integer
     FOR UPDATE SKIP LOCKED
 )
 UPDATE {{schema}}.job AS j
 SET state = 'running', attempt = j.attempt + 1, fence = nextval('{{schema}}.fence_seq'),
     owner = $2, attempted_at = now(), lease_expires_at = now() + $3::interval
-FROM picked
-WHERE j.id = picked.id
+-- (By id, not joined: a join's plan follows the LIMIT's estimate, a tenth of the backlog
+-- when the LIMIT is a parameter of a generic plan, and then scans the hot table.)
+WHERE j.id = ANY(ARRAY(SELECT p.id FROM picked AS p))
 RETURNING j.id, j.fence, j.kind, j.queue, j.attempt, j.max_attempts, j.crashes, j.priority,
           j.tenant, j.enqueued_at, j.run_at AS scheduled_at, j.args::text AS args,
           extract(epoch FROM now() - j.run_at)::float8 AS waited_s,

@@ -328,9 +328,11 @@ class JobStatements(Rendered):
 
     @statement("job_claim_reserved")
     async def job_claim_reserved(
-        self, conn: Conn, queue: str, member_id: str, lease: timedelta, loop: int
+        self, conn: Conn, queue: str, member_id: str, lease: timedelta, loop: int, places: int
     ) -> list[ClaimRow]:
-        records = await conn.fetch(self.sql("job_claim_reserved"), queue, member_id, lease, loop)
+        records = await conn.fetch(
+            self.sql("job_claim_reserved"), queue, member_id, lease, loop, places
+        )
         return rows_of(ClaimRow, records)
 
     @statement("queue_reservable_get")

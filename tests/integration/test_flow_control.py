@@ -142,7 +142,7 @@ class Fleet:
                     assert places is not None, "the queue is reservable"
                     self.throttled += places < wanted
                     jobs = await conn.fetch(
-                        self.q.sql("job_claim_reserved"), queue, member, LEASE, loop
+                        self.q.sql("job_claim_reserved"), queue, member, LEASE, loop, places
                     )
                     assert len(jobs) <= places
                 else:
@@ -286,7 +286,7 @@ async def test_a_reservation_never_claimed_holds_its_places_until_it_expires(
     reserve, claim = fleet.q.sql("flow_reserve"), fleet.q.sql("job_claim_reserved")
     assert await conn.fetchval(reserve, "q", 2, "dying", [], 0) == 2
     assert await conn.fetchval(reserve, "q", 5, "live", [], 0) == 1
-    assert len(await conn.fetch(claim, "q", "live", LEASE, 0)) == 1
+    assert len(await conn.fetch(claim, "q", "live", LEASE, 0, 1)) == 1
     assert await conn.fetchval(reserve, "q", 5, "live", [], 0) == 0  # dying's 2 still count
     # The full claim counts the reservation too.
     rows = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", 5, "other", LEASE, [])
@@ -295,8 +295,8 @@ async def test_a_reservation_never_claimed_holds_its_places_until_it_expires(
         f"UPDATE {schema}.flow_reservation SET expires_at = clock_timestamp() - interval '1 s'"
     )
     assert await conn.fetchval(reserve, "q", 5, "live", [], 0) == 2
-    assert await conn.fetch(claim, "q", "dying", LEASE, 0) == []  # deleted as expired
-    assert len(await conn.fetch(claim, "q", "live", LEASE, 0)) == 2
+    assert await conn.fetch(claim, "q", "dying", LEASE, 0, 2) == []  # deleted as expired
+    assert len(await conn.fetch(claim, "q", "live", LEASE, 0, 2)) == 2
     assert await conn.fetchval(
         f"SELECT count(*) FROM {schema}.job WHERE state = 'running'"
     ) == 3  # fmt: skip
@@ -323,7 +323,7 @@ async def test_only_a_queue_limited_by_its_global_concurrency_alone_reserves(
         await conn.execute(f"UPDATE {schema}.queue SET paused = true WHERE name = 'q'")
     assert not await conn.fetchval(fleet.q.sql("queue_reservable_get"), "q")
     # A reservation made before takes nothing once the queue needs the whole claim.
-    assert await conn.fetch(claim, "q", "m", LEASE, 0) == []
+    assert await conn.fetch(claim, "q", "m", LEASE, 0, 1) == []
     assert await conn.fetchval(reserve, "q", 1, "m", [], 0) is None
 
 
@@ -357,7 +357,7 @@ async def test_the_claims_arguments_at_their_edges_never_pass_the_limit(
     if reserve:
         places = await conn.fetchval(fleet.q.sql("flow_reserve"), "q", wanted, "m", fences, 0)
         assert places is not None and 0 <= places <= max(wanted, 0)
-        taken = await conn.fetch(fleet.q.sql("job_claim_reserved"), "q", "m", LEASE, 0)
+        taken = await conn.fetch(fleet.q.sql("job_claim_reserved"), "q", "m", LEASE, 0, places)
         assert len(taken) == places
     else:
         rows = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", wanted, "m", LEASE, fences)

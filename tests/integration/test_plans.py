@@ -65,6 +65,12 @@ CASES = [
         lambda s: (QUEUE, BATCH, "planner", timedelta(seconds=30)),
         (("job_claim_idx",),),
     ),
+    # A queue whose only limit is its global_concurrency claims the places it reserved.
+    Case(
+        "job_claim_reserved",
+        lambda s: (QUEUE, "planner", timedelta(seconds=30), 0, BATCH),
+        (("job_claim_idx",), ("job_pkey",)),
+    ),
     Case("job_promote_due", lambda s: (BATCH,), (("job_due_idx",),)),
     Case(
         "job_complete_many",
@@ -119,23 +125,50 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _nodes(child)
 
 
-def _problems(plan: dict[str, Any], schema: str, case: Case) -> list[str]:
+async def _big_relations(conn: asyncpg.Connection, schema: str) -> frozenset[str]:
+    """The schema's tables and partitions of more than 64 pages: reading one of them
+    whole is what a statement of the job path must never do (an empty partition of a
+    future day is read whole at no cost)."""
+    rows = await conn.fetch(
+        "SELECT c.relname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = $1 AND c.relkind = 'r' "
+        "AND pg_relation_size(c.oid) > 64 * current_setting('block_size')::int",
+        schema,
+    )
+    return frozenset(row["relname"] for row in rows)
+
+
+def _problems(plan: dict[str, Any], schema: str, case: Case, big: frozenset[str]) -> list[str]:
+    """What in a plan reads a big relation whole: a sequential scan of it, or an index of
+    it scanned from end to end, with no condition to seek by (directly or under a
+    bitmap heap scan). Nodes name their schema only under EXPLAIN VERBOSE."""
     nodes = list(_nodes(plan))
-    problems = [
-        f"{node['Node Type']} on {node.get('Relation Name')}"
-        for node in nodes
-        if node["Node Type"] in ("Seq Scan", "Bitmap Heap Scan", "Sample Scan")
-        and node.get("Schema") == schema
-        and (node.get("Relation Name") == "job" or node.get("Relation Name", "").startswith("job_"))
+    ours = [
+        node for node in nodes if node.get("Schema") == schema and node.get("Relation Name") in big
     ]
-    # An index scanned from end to end, with no condition to seek by, reads a table.
+    problems = [
+        f"{node['Node Type']} on {node['Relation Name']}"
+        for node in ours
+        if node["Node Type"] in ("Seq Scan", "Sample Scan")
+    ]
+    # The partial indexes of a state are read whole by design: they hold only that
+    # state's rows (the claim's own ordering, promotion, the reaper).
+    by_state = ("job_claim_idx", "job_due_idx", "job_running_idx")
+    problems += [
+        f"{node['Node Type']} of all of {index['Index Name']}"
+        for node in ours
+        if node["Node Type"] == "Bitmap Heap Scan"
+        for index in _nodes(node)
+        if index["Node Type"] == "Bitmap Index Scan"
+        and "Index Cond" not in index
+        and not index["Index Name"].startswith(by_state)
+    ]
     problems += [
         f"{node['Node Type']} of all of {node['Index Name']}"
-        for node in nodes
+        for node in ours
         if node["Node Type"] in ("Index Scan", "Index Only Scan")
-        and node.get("Schema") == schema
         and "Index Cond" not in node
-        and not node["Index Name"].startswith(("job_claim_idx", "job_due_idx", "job_running_idx"))
+        and not node["Index Name"].startswith(by_state)
     ]
     used = {node.get("Index Name") for node in nodes}
     # A partition's index is named after its parent's: job_history_p20261201_id_idx.
@@ -212,6 +245,7 @@ def seeded_schema(dsn: str, request: pytest.FixtureRequest) -> Iterator[tuple[st
             )
             term = await for_schema(name).leader_term_begin(conn, "planner")
             return {
+                "big": await _big_relations(conn, name),
                 "running_ids": [r["id"] for r in running],
                 "running_fences": [r["fence"] for r in running],
                 "history_id": 1_000_000_000 + HISTORY_ROWS // 2,
@@ -240,7 +274,8 @@ async def _plan(
     """The plan of `sql` with `args`, in a transaction rolled back (an ANALYZE runs it).
     `nested`: the statement is also run, and the plans of the statements it runs inside
     functions are added under the top plan's "Plans" (auto_explain, sent as notices)."""
-    options = "FORMAT JSON" + (", ANALYZE, BUFFERS" if analyze else "")
+    # (VERBOSE: only then does a node name its relation's schema, which _problems reads)
+    options = "FORMAT JSON, VERBOSE" + (", ANALYZE, BUFFERS" if analyze else "")
     transaction = conn.transaction()
     await transaction.start()
     notices: list[str] = []
@@ -264,6 +299,7 @@ async def _plan(
                 "LOAD 'auto_explain'; SET LOCAL auto_explain.log_min_duration = 0; "
                 "SET LOCAL auto_explain.log_nested_statements = on; "
                 "SET LOCAL auto_explain.log_format = json; "
+                "SET LOCAL auto_explain.log_verbose = on; "
                 "SET LOCAL auto_explain.log_level = notice"
             )
             conn.add_log_listener(lambda _, message: notices.append(message.message))
@@ -291,7 +327,7 @@ async def test_the_statement_reads_by_index_never_a_whole_table(
         )
     finally:
         await conn.close()
-    assert _problems(plan, schema, case) == [], json.dumps(plan, indent=1)[:4000]
+    assert _problems(plan, schema, case, seeds["big"]) == [], json.dumps(plan, indent=1)[:4000]
 
 
 async def test_the_claim_touches_buffers_in_proportion_to_its_batch_not_the_table(
@@ -403,3 +439,31 @@ async def test_admin_actions_planned_on_an_empty_table_find_their_jobs_by_id(
     used = {node.get("Index Name") for node in _nodes(plan)}
     assert "job_pkey" in used, json.dumps(plan)[:3000]
     assert not used & {"job_due_idx", "job_running_idx"}, used
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+@pytest.mark.parametrize("statement", ["job_claim", "job_claim_reserved"])
+async def test_a_claim_updates_its_rows_by_id_whatever_the_queues_backlog(
+    conn: asyncpg.Connection, schema: str, statement: str, generic: bool
+) -> None:
+    """A claim's update joins the jobs it picked, as many as its LIMIT: a number a
+    generic plan does not know (nor any plan when the LIMIT was read from the
+    reservation), and the planner then expects a tenth of the queue's backlog. With a
+    20,000-job backlog it joined the picked ids to a scan of the whole hot table."""
+    q = for_schema(schema)
+    if statement == "job_claim_reserved":
+        config = QueueConfig(global_concurrency=1000)
+        await write_queue_limits(conn, q, {QUEUE: config}, "planner")
+    await conn.execute(
+        f"INSERT INTO {schema}.job (state, queue, kind, args) "
+        f"SELECT 'available', '{QUEUE}', 'k', '{{}}' FROM generate_series(1, {DUE_JOBS * 40})"
+    )
+    await conn.execute(f"ANALYZE {schema}.job")
+    if statement == "job_claim_reserved":
+        assert await q.flow_reserve(conn, QUEUE, BATCH, "planner", [], 0) == BATCH
+    case = next(c for c in CASES if c.statement == statement)
+    plan = await _plan(conn, q.sql(case.statement), case.args({}), generic=generic, analyze=True)
+    assert plan["Actual Rows"] == BATCH
+    big = await _big_relations(conn, schema)
+    assert "job" in big
+    assert _problems(plan, schema, case, big) == [], json.dumps(plan)[:4000]
