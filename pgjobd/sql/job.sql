@@ -150,12 +150,11 @@ SELECT {{schema}}.flow_reserve($1, $2, $3, $4::bigint[], $5::smallint) AS places
 -- name: job_claim_reserved
 -- job_claim for the places flow_reserve granted member $2's claim loop $4 in queue $1:
 -- takes up to that many and deletes the reservation in the same statement (one whose
--- reservation was deleted as expired, or holds fewer places, takes nothing). Nothing either if the queue
--- stopped being reservable since (a limit, groups or a pause added).
--- The number of places comes from the caller ($5, what flow_reserve granted) and is
--- checked against the reservation: a LIMIT read from the reservation itself is unknown
--- to the planner, which then expected a tenth of the queue's backlog and joined the
--- picked ids to a scan of the whole hot table.
+-- reservation was deleted as expired, or holds fewer places, takes nothing). Nothing
+-- either if the queue stopped being reservable since (a limit, groups or a pause
+-- added). The number of places comes from the caller ($5, what flow_reserve granted),
+-- checked against the reservation: a LIMIT read from the reservation is unknown to the
+-- planner (see job_claim's update).
 -- $1 queue, $2 member id, $3 lease, $4 loop, $5 places granted
 WITH reservation AS (
     DELETE FROM {{schema}}.flow_reservation AS r
@@ -175,8 +174,7 @@ WITH reservation AS (
 UPDATE {{schema}}.job AS j
 SET state = 'running', attempt = j.attempt + 1, fence = nextval('{{schema}}.fence_seq'),
     owner = $2, attempted_at = now(), lease_expires_at = now() + $3::interval
--- (By id, not joined: a join's plan follows the LIMIT's estimate, a tenth of the backlog
--- when the LIMIT is a parameter of a generic plan, and then scans the hot table.)
+-- (By id, as job_claim's.)
 WHERE j.id = ANY(ARRAY(SELECT p.id FROM picked AS p))
 RETURNING j.id, j.fence, j.kind, j.queue, j.attempt, j.max_attempts, j.crashes, j.priority,
           j.tenant, j.enqueued_at, j.run_at AS scheduled_at, j.args::text AS args,
