@@ -369,6 +369,39 @@ async def test_the_claims_arguments_at_their_edges_never_pass_the_limit(
     assert running <= 2 + (1 if use_own and fences is not None else 0)
 
 
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(places=st.none() | st.sampled_from([-(2**63), -(2**31), -1, 0, 1, 2, 3, 2**31 - 1,
+                                             2**63 - 1]) | INT64)  # fmt: skip
+async def test_a_reserved_claim_takes_no_more_than_its_reservation_whatever_it_is_told(
+    conn: asyncpg.Connection, schema: str, fleet: Fleet, places: int | None
+) -> None:
+    """job_claim_reserved's `places` (what flow_reserve granted, dec453d) at its edges:
+    NULL, zero, negative, more than the reservation holds, out of int32 and int64. It
+    takes exactly that many when the reservation holds them, nothing otherwise, and a
+    value PostgreSQL or the driver refuses is an error that writes nothing (the
+    reservation stays, to expire)."""
+    await conn.execute(f"TRUNCATE {schema}.job, {schema}.flow_reservation")
+    await _set_limits(conn, schema, q=QueueConfig(global_concurrency=2))
+    for _ in range(5):
+        await _enqueue(conn, fleet.q, "work", "q")
+    assert await conn.fetchval(fleet.q.sql("flow_reserve"), "q", 5, "m", [], 0) == 2
+    claim = fleet.q.sql("job_claim_reserved")
+    try:
+        taken = await conn.fetch(claim, "q", "m", LEASE, 0, places)
+    except (asyncpg.DataError, OverflowError, asyncpg.InvalidRowCountInLimitClauseError):
+        assert places is not None and (places < 0 or places >= 2**31)
+        assert await conn.fetchval(f"SELECT sum(places) FROM {schema}.flow_reservation") == 2
+        taken = []
+    else:
+        assert places is None or 0 <= places < 2**31
+        assert len(taken) == (places if places is not None and places <= 2 else 0)
+        assert await conn.fetchval(f"SELECT count(*) FROM {schema}.flow_reservation") == 0
+    running = await conn.fetchval(f"SELECT count(*) FROM {schema}.job WHERE state = 'running'")
+    assert running == len(taken) <= 2
+
+
 async def test_only_the_claimers_own_ended_jobs_are_left_out(
     conn: asyncpg.Connection, schema: str, fleet: Fleet
 ) -> None:
