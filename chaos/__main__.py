@@ -16,7 +16,14 @@ from pgjobd.embedded import Cluster
 
 from .invariants import check, check_limits
 from .runner import LEASE_S, Options, Run, log
-from .scenarios import LIMITED_CONCURRENCY, LIMITED_RATE, SCENARIOS, SMOKE, Scenario
+from .scenarios import (
+    LIMITED_CONCURRENCY,
+    LIMITED_RATE,
+    RESERVED_CONCURRENCY,
+    SCENARIOS,
+    SMOKE,
+    Scenario,
+)
 
 SMOKE_JOBS, SMOKE_DURATION = 300, 12.0
 SOAK = Path(__file__).resolve().parent.parent / "bench" / "soak.py"
@@ -71,7 +78,9 @@ async def run_one(scenario: Scenario, options: Options) -> bool:
         )
         if scenario.name == "limits":
             check_limits(
-                tables, verdict, concurrency={"chaos_limited": LIMITED_CONCURRENCY},
+                tables, verdict,
+                concurrency={"chaos_limited": LIMITED_CONCURRENCY,
+                             "chaos_reserved": RESERVED_CONCURRENCY},
                 rate={"limited": LIMITED_RATE}, grouped_kinds={"chaos_grouped"},
             )  # fmt: skip
         violations = run.violations + verdict.violations

@@ -75,6 +75,9 @@ def swap_mix(rng: random.Random, n: int) -> tuple[str, dict[str, Any]]:
 # The `limits` scenario's queues: what invariants.check_limits holds the ledger to.
 LIMITED_CONCURRENCY = 4
 LIMITED_RATE = (40, 1.0)  # starts per window (s)
+# A queue whose only limit is its global_concurrency: it reserves its places under the
+# lock and claims them without it (flow_reserve, job_claim_reserved).
+RESERVED_CONCURRENCY = 3
 LIMITS_QUEUES = f"""
 [queues.limited]
 concurrency = 6
@@ -84,6 +87,12 @@ backoff_base = "10ms"
 backoff_max = "200ms"
 global_concurrency = {LIMITED_CONCURRENCY}
 rate_limit = "{LIMITED_RATE[0]}/{LIMITED_RATE[1]:g}s"
+
+[queues.reserved]
+concurrency = 4
+processes = 2
+max_attempts = 25
+global_concurrency = {RESERVED_CONCURRENCY}
 
 [queues.grouped]
 concurrency = 8
@@ -95,11 +104,14 @@ backoff_max = "200ms"
 
 
 def limits_mix(rng: random.Random, n: int) -> tuple[str, dict[str, Any]]:
-    """Jobs of a queue with a global concurrency and a rate limit, jobs in 8 ordered
-    groups (some heads fail once), and plain work."""
+    """Jobs of a queue with a global concurrency and a rate limit, of a queue with only
+    a global concurrency, jobs in 8 ordered groups (some heads fail once), and plain
+    work."""
     x = rng.random()
-    if x < 0.45:
+    if x < 0.35:
         return "chaos_limited", {"ms": rng.randint(20, 150)}
+    if x < 0.5:
+        return "chaos_reserved", {"ms": rng.randint(20, 150)}
     if x < 0.85:
         args: dict[str, Any] = {"ms": rng.randint(5, 60), "group": f"g{rng.randint(0, 7)}"}
         if rng.random() < 0.05:

@@ -39,6 +39,13 @@ async def chaos_limited(args: dict[str, Any], ctx: JobContext) -> int:
     return await chaos_work(args, ctx)
 
 
+@job(queue="reserved", max_attempts=25)
+async def chaos_reserved(args: dict[str, Any], ctx: JobContext) -> int:
+    """chaos_work in the `limits` scenario's queue with only a global_concurrency (it
+    claims through flow_reserve and job_claim_reserved)."""
+    return await chaos_work(args, ctx)
+
+
 @job(queue="grouped", max_attempts=25)
 async def chaos_grouped(args: dict[str, Any], ctx: JobContext) -> int:
     """chaos_work for jobs enqueued in ordered groups (args "group"); fails its first
