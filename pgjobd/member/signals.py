@@ -57,19 +57,31 @@ class SignalWatcher:
     async def run(
         self, ctx: MemberContext, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
+        stopping = {signal.SIGTERM, signal.SIGINT}
+        blocked = False
         try:
             with anyio.open_signal_receiver(*WATCHED) as signals:
                 task_status.started()
-                async for signum in signals:
-                    control = self.meaning(signal.Signals(signum))
-                    if control is not None:
-                        self.controls.send_nowait(control)
+                try:
+                    async for signum in signals:
+                        control = self.meaning(signal.Signals(signum))
+                        if control is not None:
+                            self.controls.send_nowait(control)
+                finally:
+                    if self.draining:
+                        # Closing the receiver restores the default action before the
+                        # SIG_IGN below replaces it: held back meanwhile, a SIGTERM then
+                        # lands on SIG_IGN (which discards it), not on the default.
+                        signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
+                        blocked = True
         finally:
             if self.draining:
                 # The receiver is gone but the shutdown goes on (the member leaves, the
                 # pool closes): a late SIGTERM must not end it by the default action.
-                for signum in (signal.SIGTERM, signal.SIGINT):
+                for signum in stopping:
                     signal.signal(signum, signal.SIG_IGN)
+            if blocked:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping)
 
     def meaning(self, signum: signal.Signals) -> Control | None:
         if signum == signal.SIGHUP:
