@@ -107,6 +107,7 @@ class Producer:
         self.claimed = 0
         self.flow: bool | None = None  # claims through job_claim_flow; None: not read yet
         self.reservable = False  # of those, claims through flow_reserve: see _claim_flow
+        self.fair_only = False  # of those, claims through job_claim_fair: see _claim_flow
         self._flow_read_at = -math.inf
         self.throttled = False  # the last claim was held back by a limit
         self._flow_changed = anyio.Event()  # set (and made anew) as the claim path changes
@@ -134,6 +135,11 @@ class Producer:
         for scope in self._in_flight:
             scope.deadline = min(scope.deadline, self._stop_by)
 
+    def _lock_free(self) -> bool:
+        """Whether this queue's flow-control claims leave the queue's lock to others
+        while they fetch their jobs (so that a second claim loop helps)."""
+        return self.reservable or self.fair_only
+
     def _unreserved(self) -> int:
         return self.workers.free_slots() - self.reserved
 
@@ -142,7 +148,7 @@ class Producer:
         saturated = False
         failures = 0
         while True:
-            while loop > 0 and (self.flow is None or (self.flow and not self.reservable)):
+            while loop > 0 and (self.flow is None or (self.flow and not self._lock_free())):
                 await self._flow_changed.wait()
             while self._unreserved() <= 0:
                 # Bounded: slots another loop reserved and did not fill come back without
@@ -225,8 +231,14 @@ class Producer:
     ) -> tuple[list[ClaimRow], list[str | None]]:
         """A claim under flow control, and the limits that held jobs back. A queue whose
         only limit is its global_concurrency reserves its places under the queue's lock
-        and claims them without it (flow_reserve, job_claim_reserved); any other takes
-        the whole claim under its locks (job_claim_flow)."""
+        and claims them without it (flow_reserve, job_claim_reserved); one whose only
+        limit is fair = true claims by its jobs' tags without the lock (job_claim_fair,
+        which holds nothing back); any other takes the whole claim under its locks
+        (job_claim_flow)."""
+        if self.fair_only:
+            return await self.q.job_claim_fair(
+                conn, self.queue, limit, self.member_id, self.lease
+            ), []
         own = self.workers.own_ends
         ended = list(own.fences) if own is not None else []
         if self.reservable:
@@ -247,7 +259,7 @@ class Producer:
         return [row.claim_row() for row in flow_rows if row.id is not None], held
 
     async def _gather_slots(self) -> None:
-        if self.flow:
+        if self.flow and not self.fair_only:
             enough = max(1, self.workers.slots() // FLOW_BATCH_SHARE)
             window_s = FLOW_BATCH_WINDOW_S
         else:
@@ -269,8 +281,9 @@ class Producer:
     async def _read_flow(self, conn: asyncpg.Connection) -> None:
         flow = bool(await self.q.queue_flow_get(conn, self.queue))
         reservable = flow and await self.q.queue_reservable_get(conn, self.queue)
+        fair_only = flow and await self.q.queue_fair_only_get(conn, self.queue)
         self._flow_read_at = time.monotonic()
-        if flow:
+        if flow and not fair_only:  # (a fair-only claim waits for no room)
             self.workers.own_ends = self.completer.track_ends(self.queue, self.wakeup)
         else:
             self.workers.own_ends = None
@@ -282,8 +295,8 @@ class Producer:
                 "under flow control" if flow else "without flow control",
                 extra={"event": "producer.flow_changed", "queue": self.queue, "flow": flow},
             )  # fmt: skip
-        changed = (flow, reservable) != (self.flow, self.reservable)
-        self.flow, self.reservable = flow, reservable
+        changed = (flow, reservable, fair_only) != (self.flow, self.reservable, self.fair_only)
+        self.flow, self.reservable, self.fair_only = flow, reservable, fair_only
         if changed:
             self._flow_changed.set()
             self._flow_changed = anyio.Event()

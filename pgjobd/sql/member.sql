@@ -134,7 +134,8 @@ WHERE b.limits_by IS NOT NULL AND b.limits_by <> $8;
 -- name: tenant_weights_write
 -- Replaces the fleet's [tenants] weights with this member's (the last writer wins).
 -- Returns, for each weight this changed or removed that another member had written,
--- the previous value, so that the disagreement is logged.
+-- the previous value, so that the disagreement is logged. Fair queues are told when a
+-- weight changed.
 -- $1 tenants, $2 weights, $3 member id
 WITH given AS (
     SELECT * FROM unnest($1::text[], $2::integer[]) AS g(tenant, weight)
@@ -152,6 +153,12 @@ WITH given AS (
         weights_at = excluded.weights_at
     WHERE w.weight IS DISTINCT FROM excluded.weight
     RETURNING w.tenant
+), reweighed AS (
+    -- Fair queues claiming by tag re-space the waiting jobs of the tenants whose weight
+    -- changed, at their next claim (fair_tag_fill, migration 0024).
+    UPDATE {{schema}}.queue AS q SET fair_reweigh = true
+    WHERE q.fair AND NOT q.fair_reweigh
+      AND (EXISTS (SELECT FROM removed) OR EXISTS (SELECT FROM written))
 )
 SELECT b.tenant, b.weight, b.weights_by
 FROM before AS b

@@ -111,7 +111,14 @@ GRANT EXECUTE ON FUNCTION
     {{schema}}.flow_rate_take(text, interval, timestamptz, integer),
     {{schema}}.queue_depth_recount(text[]),
     {{schema}}.fair_tenant_mark(text),
-    {{schema}}.job_fair_tenants(text, text, text, integer)
+    {{schema}}.job_fair_tenants(text, text, text, integer),
+    -- A queue whose only limit is fair = true (migration 0024).
+    {{schema}}.job_claim_limited(text, integer, text, interval, bigint[]),
+    {{schema}}.job_claim_fair(text, integer, text, interval),
+    {{schema}}.queue_fair_only(text),
+    {{schema}}.fair_scan_range(text),
+    {{schema}}.fair_tag_fill(text),
+    {{schema}}.fair_best_of_tenants(text, bigint[], float8)
     TO {{schema}}_worker;
 -- The dead-job groups' key (migration 0019: `dlq list` and the console), read with the reader's rights.
 GRANT EXECUTE ON FUNCTION {{schema}}.dead_group_key(text, text)
@@ -155,7 +162,8 @@ GRANT INSERT, UPDATE, DELETE ON {{schema}}.member, {{schema}}.leader, {{schema}}
 GRANT INSERT, UPDATE, DELETE ON {{schema}}.flow_start, {{schema}}.flow_reservation
     TO {{schema}}_worker;
 -- Fair queues (migration 0014): the claims' passes, and the members' [tenants] weights.
-GRANT INSERT, UPDATE, DELETE ON {{schema}}.fair_pass, {{schema}}.tenant_weight
+GRANT INSERT, UPDATE, DELETE ON {{schema}}.fair_pass, {{schema}}.tenant_weight,
+    {{schema}}.fair_finish
     TO {{schema}}_worker;
 -- The leader's queue sampler records and trims the console's chart samples.
 GRANT INSERT, DELETE ON {{schema}}.queue_sample TO {{schema}}_worker;

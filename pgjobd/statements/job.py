@@ -335,6 +335,19 @@ class JobStatements(Rendered):
         )
         return rows_of(ClaimRow, records)
 
+    @statement("job_claim_fair")
+    async def job_claim_fair(
+        self, conn: Conn, queue: str, limit: int, member_id: str, lease: timedelta
+    ) -> list[ClaimRow]:
+        records = await conn.fetch(self.sql("job_claim_fair"), queue, limit, member_id, lease)
+        return rows_of(ClaimRow, records)
+
+    @statement("queue_fair_only_get")
+    async def queue_fair_only_get(self, conn: Conn, queue: str) -> bool:
+        """Whether the queue claims through job_claim_fair."""
+        fair_only: bool = await conn.fetchval(self.sql("queue_fair_only_get"), queue)
+        return fair_only
+
     @statement("queue_reservable_get")
     async def queue_reservable_get(self, conn: Conn, queue: str) -> bool:
         """Whether the queue claims through flow_reserve and job_claim_reserved."""

@@ -36,6 +36,21 @@ def fleet(dsn: str, schema: str) -> Fleet:
     return Fleet(dsn, schema, for_schema(schema))
 
 
+# The two ways a fair queue claims: by its jobs' tags, without the queue's lock, when
+# fair is its only limit (migration 0024); by stride scheduling under the lock when it
+# has another (here a tenant_concurrency that never binds).
+FAIR_PATHS = {
+    "tags": QueueConfig(fair=True),
+    "strides": QueueConfig(fair=True, tenant_concurrency=1_000_000),
+}
+
+
+@pytest.fixture(params=sorted(FAIR_PATHS))
+def fair(request: pytest.FixtureRequest) -> QueueConfig:
+    config: QueueConfig = FAIR_PATHS[request.param]
+    return config
+
+
 async def _enqueue_many(
     conn: asyncpg.Connection, schema: str, queue: str, tenant: str | None, n: int,
     kind: str = "work", group: str | None = None,
@@ -125,11 +140,11 @@ async def test_a_crashed_claimers_jobs_count_against_their_tenant_until_reaped(
 
 
 async def test_fair_shares_follow_the_weights_whatever_the_backlogs(
-    conn: asyncpg.Connection, schema: str
+    conn: asyncpg.Connection, schema: str, fair: QueueConfig
 ) -> None:
     q = for_schema(schema)
     await write_queue_limits(
-        conn, q, {"f": QueueConfig(fair=True)}, "m", tenants={"acme": 3}
+        conn, q, {"f": fair}, "m", tenants={"acme": 3}
     )  # fmt: skip
     await _enqueue_many(conn, schema, "f", "acme", 400)
     await _enqueue_many(conn, schema, "f", "beta", 2000)
@@ -148,12 +163,12 @@ async def test_fair_shares_follow_the_weights_whatever_the_backlogs(
 
 
 async def test_a_new_tenant_behind_a_big_backlog_starts_within_the_bound(
-    conn: asyncpg.Connection, schema: str
+    conn: asyncpg.Connection, schema: str, fair: QueueConfig
 ) -> None:
     """docs/decisions.md: a tenant that starts waiting joins at the lowest pass, so its
     first job starts within T starts of the queue, T the number of waiting tenants."""
     q = for_schema(schema)
-    await write_queue_limits(conn, q, {"f": QueueConfig(fair=True)}, "m", tenants={"big": 5})
+    await write_queue_limits(conn, q, {"f": fair}, "m", tenants={"big": 5})
     await _enqueue_many(conn, schema, "f", "big", 10_000)
     for _ in range(20):
         await _complete(conn, q, await _claim(conn, q, "f", 3))
@@ -175,32 +190,16 @@ async def test_a_new_tenant_behind_a_big_backlog_starts_within_the_bound(
     assert len(started) <= 3
 
 
-async def test_a_tenant_whose_job_comes_back_rejoins_within_a_second(
-    dsn: str, conn: asyncpg.Connection, schema: str
-) -> None:
-    """Migration 0022: the queue keeps the tenants its last claim left waiting, and a
-    claim adds those whose new jobs it marks; a tenant dropped when it ran out, whose
-    job then comes back by another path (here the reaper's rescue), is found by the
-    scan that runs once the kept list is a second old: its job starts within about a
-    second, while another tenant's backlog runs."""
-    q = for_schema(schema)
-    await write_queue_limits(conn, q, {"f": QueueConfig(fair=True)}, "m")
-    await _enqueue_many(conn, schema, "f", "a", 500)
-    (returning,) = await _enqueue_many(conn, schema, "f", "b", 1)
-    rows = await conn.fetch(q.sql("job_claim_flow"), "f", 4, "dead-member", LEASE, [])
-    claimed = [r for r in rows if r["id"] is not None]
-    assert returning in [r["id"] for r in claimed]
-    await _complete(conn, q, [r for r in claimed if r["id"] != returning])
-    # b ran out of available jobs: it is no longer kept as waiting.
-    assert await conn.fetchval(f"SELECT fair_tenants FROM {schema}.queue WHERE name = 'f'") == ["a"]
+async def _rescue(dsn: str, conn: asyncpg.Connection, q: Queries, job_id: int) -> None:
+    """The reaper's rescue of `job_id`, its lease made to have expired."""
     await conn.execute(
-        f"UPDATE {schema}.job SET lease_expires_at = now() - interval '1s' WHERE id = $1",
-        returning,
+        f"UPDATE {q.schema}.job SET lease_expires_at = now() - interval '1s' WHERE id = $1",
+        job_id,
     )
     leader = await asyncpg.connect(dsn)
     try:
         assert await leader.fetchval(
-            "SELECT pg_try_advisory_lock($1, $2)", *lock_key(LEADER, schema)
+            "SELECT pg_try_advisory_lock($1, $2)", *lock_key(LEADER, q.schema)
         )
         term = await leader.fetchval(q.sql("leader_term_begin"), "test")
         reaped = await conn.fetchrow(
@@ -209,6 +208,27 @@ async def test_a_tenant_whose_job_comes_back_rejoins_within_a_second(
     finally:
         await leader.close()
     assert reaped["rescued"] == 1
+
+
+async def test_a_tenant_whose_job_comes_back_rejoins_within_a_second(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    """Migration 0022 (stride scheduling): the queue keeps the tenants its last claim
+    left waiting, and a claim adds those whose new jobs it marks; a tenant dropped when
+    it ran out, whose job then comes back by another path (here the reaper's rescue), is
+    found by the scan that runs once the kept list is a second old: its job starts
+    within about a second, while another tenant's backlog runs."""
+    q = for_schema(schema)
+    await write_queue_limits(conn, q, {"f": FAIR_PATHS["strides"]}, "m")
+    await _enqueue_many(conn, schema, "f", "a", 500)
+    (returning,) = await _enqueue_many(conn, schema, "f", "b", 1)
+    rows = await conn.fetch(q.sql("job_claim_flow"), "f", 4, "dead-member", LEASE, [])
+    claimed = [r for r in rows if r["id"] is not None]
+    assert returning in [r["id"] for r in claimed]
+    await _complete(conn, q, [r for r in claimed if r["id"] != returning])
+    # b ran out of available jobs: it is no longer kept as waiting.
+    assert await conn.fetchval(f"SELECT fair_tenants FROM {schema}.queue WHERE name = 'f'") == ["a"]
+    await _rescue(dsn, conn, q, returning)
     rescued_at = anyio.current_time()
     started: list[int] = []
     while returning not in started:
@@ -220,8 +240,89 @@ async def test_a_tenant_whose_job_comes_back_rejoins_within_a_second(
     assert len(started) < 500  # a's backlog did not run out first
 
 
-async def test_a_queue_made_fair_on_an_empty_table_marks_new_jobs_at_once(
+async def test_a_tenant_whose_job_comes_back_is_tagged_at_its_return(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    """Migration 0024 (tags): a claimed job loses its tag; when it comes back (here the
+    reaper's rescue) the next claim tags it as an arrival of its tenant, at the queue's
+    virtual time, so it starts within the bound (T = 2 waiting tenants) and not with
+    the tag it had, nor after the other tenant's backlog."""
+    q = for_schema(schema)
+    await write_queue_limits(conn, q, {"f": FAIR_PATHS["tags"]}, "m")
+    await _enqueue_many(conn, schema, "f", "a", 500)
+    (returning,) = await _enqueue_many(conn, schema, "f", "b", 1)
+    claimed = await _claim(conn, q, "f", 4)
+    assert returning in [r["id"] for r in claimed]
+    assert await conn.fetchval(f"SELECT fair_tag FROM {schema}.job WHERE id = $1", returning) is None
+    await _complete(conn, q, [r for r in claimed if r["id"] != returning])
+    for _ in range(20):
+        await _complete(conn, q, await _claim(conn, q, "f", 5))
+    await _rescue(dsn, conn, q, returning)
+    started: list[int] = []
+    while returning not in started:
+        rows = await _claim(conn, q, "f", 1)
+        started += [r["id"] for r in rows]
+        await _complete(conn, q, rows)
+    assert len(started) <= 2
+
+
+async def test_a_tenants_jobs_start_in_priority_order_without_moving_its_share(
     conn: asyncpg.Connection, schema: str
+) -> None:
+    """Migration 0024 (tags): tags are given in arrival order, yet a tenant's urgent job
+    enqueued behind its backlog starts at the tenant's next start, and the tenants'
+    shares stay even (the job passed over takes the urgent one's tag)."""
+    q = for_schema(schema)
+    await write_queue_limits(conn, q, {"f": FAIR_PATHS["tags"]}, "m")
+    await _enqueue_many(conn, schema, "f", "a", 300)
+    await _enqueue_many(conn, schema, "f", "b", 300)
+    await conn.execute(f"UPDATE {schema}.job SET priority = 2")
+    await _complete(conn, q, await _claim(conn, q, "f", 10))
+    (urgent,) = await conn.fetchval(
+        f"SELECT array_agg(id) FROM {schema}.enqueue_many(kinds => '{{work}}', "
+        "args => '{\"{}\"}', queues => '{f}', tenants => '{a}', priorities => '{0}')"
+    )
+    first = await _claim(conn, q, "f", 2)
+    assert Counter(_tenant(r) for r in first) == {"a": 1, "b": 1}
+    assert urgent in [r["id"] for r in first]
+    await _complete(conn, q, first)
+    starts: Counter[str] = Counter()
+    for _ in range(20):
+        rows = await _claim(conn, q, "f", 5)
+        starts.update(_tenant(r) for r in rows)
+        await _complete(conn, q, rows)
+    assert abs(starts["a"] - starts["b"]) <= 1, starts
+    # Every job is still waiting once, and tagged: none was lost or doubled.
+    waiting = await conn.fetch(
+        f"SELECT fair_tenant, count(*) AS n, count(fair_tag) AS tagged, "
+        f"count(DISTINCT fair_tag) AS tags FROM {schema}.job WHERE state = 'available' "
+        "GROUP BY 1 ORDER BY 1"
+    )
+    assert [tuple(r) for r in waiting] == [("a", 245, 245, 245), ("b", 244, 244, 244)]
+
+
+async def test_new_weights_apply_to_the_jobs_already_waiting(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    """Migration 0024 (tags): jobs are tagged as they arrive; a weight written while
+    they wait re-spaces them, so the new shares hold from the next claims, not once the
+    backlog tagged before has run."""
+    q = for_schema(schema)
+    await write_queue_limits(conn, q, {"f": FAIR_PATHS["tags"]}, "m", tenants={})
+    await _enqueue_many(conn, schema, "f", "a", 1000)
+    await _enqueue_many(conn, schema, "f", "b", 1000)
+    await _complete(conn, q, await _claim(conn, q, "f", 20))
+    await write_queue_limits(conn, q, {"f": FAIR_PATHS["tags"]}, "m", tenants={"a": 3})
+    starts: Counter[str] = Counter()
+    for _ in range(20):
+        rows = await _claim(conn, q, "f", 5)
+        starts.update(_tenant(r) for r in rows)
+        await _complete(conn, q, rows)
+    assert starts["a"] == pytest.approx(75, abs=2), starts
+
+
+async def test_a_queue_made_fair_on_an_empty_table_marks_new_jobs_at_once(
+    conn: asyncpg.Connection, schema: str, fair: QueueConfig
 ) -> None:
     """Regression (issue 12, migration 0018): made fair while the job table was empty
     and ids were past 50,000, the claims marked from id 0 at 10,000 ids a claim; the
@@ -229,7 +330,7 @@ async def test_a_queue_made_fair_on_an_empty_table_marks_new_jobs_at_once(
     first 50 starts, then none)."""
     q = for_schema(schema)
     await conn.execute(f"SELECT setval('{schema}.job_id_seq', 50000)")
-    await write_queue_limits(conn, q, {"f": QueueConfig(fair=True)}, "m")
+    await write_queue_limits(conn, q, {"f": fair}, "m")
     for tenant in ["a", "b", "c", "d", "e"]:
         await _enqueue_many(conn, schema, "f", tenant, 100)
     starts: Counter[str] = Counter()
@@ -241,14 +342,14 @@ async def test_a_queue_made_fair_on_an_empty_table_marks_new_jobs_at_once(
 
 
 async def test_a_tenant_with_a_trickle_of_jobs_banks_no_share(
-    conn: asyncpg.Connection, schema: str
+    conn: asyncpg.Connection, schema: str, fair: QueueConfig
 ) -> None:
     """Regression (issue 12, migration 0018): a tenant that ran out of jobs in each claim
     kept its pass while the rest of its share went to the others, and fair_vtime stayed
     at its pass; after 20 claims it was 120 starts behind and, once backlogged, took the
     next 60 starts alone. Idle time is not banked: it rejoins at the others' pass."""
     q = for_schema(schema)
-    await write_queue_limits(conn, q, {"f": QueueConfig(fair=True)}, "m")
+    await write_queue_limits(conn, q, {"f": fair}, "m")
     await _enqueue_many(conn, schema, "f", "x", 500)
     for _ in range(20):
         await _enqueue_many(conn, schema, "f", "y", 1)
@@ -388,6 +489,7 @@ class FairQueue(RuleBasedStateMachine):
 
     dsn: str
     schema: str
+    config: QueueConfig
 
     def __init__(self) -> None:
         super().__init__()
@@ -404,7 +506,7 @@ class FairQueue(RuleBasedStateMachine):
 
     async def _write_weights(self) -> None:
         await write_queue_limits(
-            self.conn, self.q, {"f": QueueConfig(fair=True)}, "m", tenants=self.weights
+            self.conn, self.q, {"f": self.config}, "m", tenants=self.weights
         )
 
     def teardown(self) -> None:
@@ -477,8 +579,8 @@ class FairQueue(RuleBasedStateMachine):
             assert others <= bound, (tenant, others, dict(self.waiting))
 
 
-async def test_fair_share_state_machine(dsn: str, schema: str) -> None:
-    FairQueue.dsn, FairQueue.schema = dsn, schema
+async def test_fair_share_state_machine(dsn: str, schema: str, fair: QueueConfig) -> None:
+    FairQueue.dsn, FairQueue.schema, FairQueue.config = dsn, schema, fair
     FairQueue.TestCase.settings = settings(
         max_examples=int(os.environ.get("PGJOBD_FAIR_EXAMPLES", "15")),
         stateful_step_count=25, deadline=None,
