@@ -253,7 +253,8 @@ async def test_a_tenant_whose_job_comes_back_is_tagged_at_its_return(
     (returning,) = await _enqueue_many(conn, schema, "f", "b", 1)
     claimed = await _claim(conn, q, "f", 4)
     assert returning in [r["id"] for r in claimed]
-    assert await conn.fetchval(f"SELECT fair_tag FROM {schema}.job WHERE id = $1", returning) is None
+    tag = await conn.fetchval(f"SELECT fair_tag FROM {schema}.job WHERE id = $1", returning)
+    assert tag is None
     await _complete(conn, q, [r for r in claimed if r["id"] != returning])
     for _ in range(20):
         await _complete(conn, q, await _claim(conn, q, "f", 5))
@@ -505,9 +506,7 @@ class FairQueue(RuleBasedStateMachine):
         self.max_weight_seen = 1
 
     async def _write_weights(self) -> None:
-        await write_queue_limits(
-            self.conn, self.q, {"f": self.config}, "m", tenants=self.weights
-        )
+        await write_queue_limits(self.conn, self.q, {"f": self.config}, "m", tenants=self.weights)
 
     def teardown(self) -> None:
         anyio.from_thread.run(self.conn.close)
