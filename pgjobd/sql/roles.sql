@@ -116,7 +116,7 @@ GRANT EXECUTE ON FUNCTION
     {{schema}}.job_claim_limited(text, integer, text, interval, bigint[]),
     {{schema}}.job_claim_fair(text, integer, text, interval),
     {{schema}}.queue_fair_only(text),
-    {{schema}}.fair_scan_range(text),
+    {{schema}}.fair_scan_range(text, integer),
     {{schema}}.fair_tag_fill(text),
     {{schema}}.fair_best_of_tenants(text, bigint[], float8)
     TO {{schema}}_worker;

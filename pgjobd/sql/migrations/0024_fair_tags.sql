@@ -38,15 +38,18 @@ CREATE INDEX job_fair_untagged_idx ON {{schema}}.job (queue, id)
 
 ALTER TABLE {{schema}}.queue
     ADD COLUMN fair_clock double precision NOT NULL DEFAULT 0,
-    ADD COLUMN fair_reweigh boolean NOT NULL DEFAULT false;
+    ADD COLUMN fair_reweigh boolean NOT NULL DEFAULT false,
+    ADD COLUMN fair_swept_at timestamptz;
 
--- Per tenant of a tagged fair queue: the tag its next job would get at the earliest, and
--- the weight its waiting jobs were tagged with.
+-- Per tenant of a tagged fair queue: the tag its next job would get at the earliest,
+-- the weight its waiting jobs were tagged with, and where its new jobs that a fill
+-- passed over (beyond the 1,000 a tenant gets per fill) resume.
 CREATE TABLE {{schema}}.fair_finish (
-    queue   text             NOT NULL,
-    tenant  text             NOT NULL,
-    finish  double precision NOT NULL,
-    weight  integer          NOT NULL,
+    queue         text             NOT NULL,
+    tenant        text             NOT NULL,
+    finish        double precision NOT NULL,
+    weight        integer          NOT NULL,
+    backlog_from  bigint,
     PRIMARY KEY (queue, tenant)
 );
 
@@ -65,9 +68,12 @@ AS $$
                               OR k.rate_limit IS NOT NULL OR k.breaker_limit IS NOT NULL)
 $$;
 
--- The ids a fair queue's marking looks at next, (low, top], recorded on the queue row
--- (fair_tenant_mark of 0022, its range alone; NULLs: the job table is empty).
-CREATE FUNCTION {{schema}}.fair_scan_range(claim_queue text, OUT low bigint, OUT top bigint)
+-- The ids a fair queue's marking looks at next, (low, top], at most `span` new ones,
+-- recorded on the queue row (fair_tenant_mark of 0022, its range alone; NULLs: the job
+-- table is empty).
+CREATE FUNCTION {{schema}}.fair_scan_range(
+    claim_queue text, span integer, OUT low bigint, OUT top bigint
+)
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -93,12 +99,12 @@ BEGIN
     END IF;
     settled := greatest(settled, coalesce(q.fair_scanned, top) - 2000);
     scanned := greatest(coalesce(q.fair_scanned, 0), settled);
-    -- The 10,000 ids count from the first id present above the mark: no row in between
+    -- The span counts from the first id present above the mark: no row in between
     -- is visible, so only running transactions' ids can be there (looked at again as
     -- above).
     scanned := greatest(scanned, coalesce((SELECT min(j.id) FROM {{schema}}.job AS j
                                            WHERE j.id > scanned), top) - 1);
-    top := least(top, scanned + 10000);
+    top := least(top, scanned + span);
     low := settled - 100;
     -- Unchanged marks keep the queue row (and the snapshot bound of when they moved: a
     -- later one would only settle later).
@@ -120,7 +126,7 @@ DECLARE
     r        record;
     tenants  text[];
 BEGIN
-    SELECT * INTO r FROM {{schema}}.fair_scan_range(claim_queue);
+    SELECT * INTO r FROM {{schema}}.fair_scan_range(claim_queue, 10000);
     IF r.top IS NULL THEN
         RETURN '{}';
     END IF;
@@ -136,18 +142,26 @@ END;
 $$;
 
 -- Tags what arrived in fair queue `claim_queue` since the last fill (see the head of
--- this migration); the caller holds the queue's lock. At most 10,000 jobs of each
--- source a fill; the next claim's fill takes the rest.
+-- this migration); the caller holds the queue's lock. New jobs are found by id, as the
+-- marking of 0014 finds them, 100,000 ids a fill; each tenant gets at most 1,000 of
+-- them marked and tagged a fill, in id order, and the rest of a tenant's burst is read
+-- from where it stopped (fair_finish.backlog_from) by the next fills, so that a burst
+-- costs one read and a tenant that arrives behind it is tagged at the next claim.
+-- Once a second the fill also tags the unmarked jobs among the queue's first 1,000
+-- available (claim order): ids a transaction drew and committed too late for the look
+-- back (see 0014), which nothing else would find.
 CREATE FUNCTION {{schema}}.fair_tag_fill(claim_queue text)
 RETURNS void
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    q       record;
-    r       record;
-    clock   float8;
+    q           record;
+    r           record;
+    clock       float8;
+    per_tenant  constant integer := 500;
+    sweep       boolean;
 BEGIN
-    SELECT x.fair_clock, x.fair_reweigh INTO q FROM {{schema}}.queue AS x
+    SELECT x.fair_clock, x.fair_reweigh, x.fair_swept_at INTO q FROM {{schema}}.queue AS x
     WHERE x.name = claim_queue;
     -- The virtual time: the lowest tag still waiting; when none waits, the highest
     -- finish (everything tagged has started). Never backwards.
@@ -191,27 +205,81 @@ BEGIN
         UPDATE {{schema}}.queue AS x SET fair_reweigh = false WHERE x.name = claim_queue;
     END IF;
 
-    SELECT * INTO r FROM {{schema}}.fair_scan_range(claim_queue);
-    WITH arrived AS (
-        -- New ungrouped jobs, marked here (tagged if available)...
+    sweep := q.fair_swept_at IS NULL OR q.fair_swept_at < clock_timestamp() - interval '1 second';
+    SELECT * INTO r FROM {{schema}}.fair_scan_range(claim_queue, 2000);
+    WITH backlogged AS (
+        SELECT f.tenant, f.backlog_from, (f.finish - clock) * f.weight < per_tenant / 2 AS due
+        FROM {{schema}}.fair_finish AS f
+        WHERE f.queue = claim_queue AND f.backlog_from IS NOT NULL
+    ), fresh AS (
+        -- New ungrouped jobs (a tenant with a backlog: from there, below).
         SELECT j.id, coalesce(j.tenant::text, '') AS tenant, j.priority, j.run_at,
-               j.state = 'available' AS ready
+               j.state = 'available' AS ready,
+               row_number() OVER (PARTITION BY coalesce(j.tenant::text, '') ORDER BY j.id)
+               AS n
         FROM {{schema}}.job AS j
         WHERE r.top IS NOT NULL AND j.id > r.low AND j.id <= r.top
           AND j.queue = claim_queue AND j.fair_tenant IS NULL AND j.group_key IS NULL
+          AND coalesce(j.tenant::text, '') NOT IN (SELECT b.tenant FROM backlogged AS b)
+    ), behind AS (
+        SELECT x.id, b.tenant, x.priority, x.run_at, x.ready,
+               row_number() OVER (PARTITION BY b.tenant ORDER BY x.id) AS n
+        FROM backlogged AS b
+        CROSS JOIN LATERAL (
+            -- (Only once fewer than half of its tagged jobs are left waiting: a fill
+            -- that tags far ahead of the claims only delays the next arrivals. At most
+            -- 4,000 ids a fill: the plan may read all of them, whatever the LIMIT.)
+            SELECT j.id, j.priority, j.run_at, j.state = 'available' AS ready
+            FROM {{schema}}.job AS j
+            WHERE b.due AND j.id >= b.backlog_from AND j.id < b.backlog_from + 4 * per_tenant
+              AND j.queue = claim_queue
+              AND j.fair_tenant IS NULL AND j.group_key IS NULL
+              AND coalesce(j.tenant::text, '') = b.tenant
+            ORDER BY j.id
+            LIMIT per_tenant + 1
+        ) AS x
+    ), found AS (
+        SELECT * FROM fresh UNION ALL SELECT * FROM behind
+    ), held AS (
+        -- Where each tenant with more than its share of the fill resumes: its next job,
+        -- or the end of the ids its backlog's read covered, if more were drawn since.
+        SELECT f.tenant, f.id FROM found AS f WHERE f.n = per_tenant + 1
         UNION ALL
-        -- ...marked jobs available without a tag (come back, or promoted)...
+        SELECT b.tenant, b.backlog_from + 4 * per_tenant FROM backlogged AS b
+        WHERE b.due AND b.backlog_from + 4 * per_tenant <= r.top
+          AND NOT EXISTS (SELECT FROM found AS f
+                          WHERE f.tenant = b.tenant AND f.n = per_tenant + 1)
+    ), arrived AS (
+        SELECT f.id, f.tenant, f.priority, f.run_at, f.ready FROM found AS f
+        WHERE f.n <= per_tenant
+        UNION ALL
+        -- Marked jobs available without a tag (come back, or promoted)...
         SELECT u.id, u.fair_tenant, u.priority, u.run_at, true
         FROM (SELECT j.id, j.fair_tenant, j.priority, j.run_at FROM {{schema}}.job AS j
               WHERE j.queue = claim_queue AND j.fair_tenant IS NOT NULL
                 AND j.fair_tag IS NULL AND j.state = 'available'
               ORDER BY j.id LIMIT 10000) AS u
         UNION ALL
-        -- ...and stale tags.
+        -- ...and, once a second, stale tags (claims pass them by: they only come of a
+        -- change of the queue's limits, and the index below the clock holds the entries
+        -- of every job claimed since the last vacuum)...
         SELECT s.id, s.fair_tenant, s.priority, s.run_at, true
         FROM (SELECT j.id, j.fair_tenant, j.priority, j.run_at FROM {{schema}}.job AS j
-              WHERE j.queue = claim_queue AND j.fair_tag < clock AND j.state = 'available'
+              WHERE sweep AND j.queue = claim_queue AND j.fair_tag < clock
+                AND j.state = 'available'
               ORDER BY j.fair_tag LIMIT 10000) AS s
+        UNION ALL
+        -- ...and jobs the look back missed (not those the ranges above read: their ids
+        -- are past `low`, or their tenant's backlog reads them).
+        SELECT h.id, h.tenant, h.priority, h.run_at, true
+        FROM (SELECT j.id, coalesce(j.tenant::text, '') AS tenant, j.priority, j.run_at,
+                     j.fair_tenant, j.group_key
+              FROM {{schema}}.job AS j
+              WHERE sweep AND j.queue = claim_queue AND j.state = 'available'
+              ORDER BY j.priority, j.run_at, j.id LIMIT 1000) AS h
+        WHERE h.fair_tenant IS NULL AND h.group_key IS NULL
+          AND (r.top IS NULL OR h.id <= r.low)
+          AND h.tenant NOT IN (SELECT b.tenant FROM backlogged AS b)
     ), ranked AS (
         SELECT a.id, a.tenant, a.ready,
                row_number() OVER (PARTITION BY a.tenant, a.ready
@@ -234,20 +302,39 @@ BEGIN
         FROM tagged AS t
         WHERE j.id = t.id
         RETURNING t.tenant, t.weight, t.tag
+    ), finished AS (
+        SELECT w.tenant, max(w.tag) + 1.0 / w.weight AS finish, w.weight
+        FROM written AS w WHERE w.tag IS NOT NULL
+        GROUP BY w.tenant, w.weight
+    ), touched AS (
+        SELECT f.tenant FROM finished AS f
+        UNION SELECT h.tenant FROM held AS h
+        UNION SELECT b.tenant FROM backlogged AS b WHERE b.due
     )
-    INSERT INTO {{schema}}.fair_finish AS f (queue, tenant, finish, weight)
-    SELECT claim_queue, w.tenant, max(w.tag) + 1.0 / w.weight, w.weight
-    FROM written AS w
-    WHERE w.tag IS NOT NULL
-    GROUP BY w.tenant, w.weight
-    ORDER BY w.tenant
+    INSERT INTO {{schema}}.fair_finish AS f (queue, tenant, finish, weight, backlog_from)
+    SELECT claim_queue, t.tenant, coalesce(d.finish, clock),
+           coalesce(d.weight, o.weight, w.weight, 1),
+           CASE WHEN b.due IS FALSE THEN b.backlog_from ELSE h.id END
+    FROM touched AS t
+    LEFT JOIN finished AS d ON d.tenant = t.tenant
+    LEFT JOIN held AS h ON h.tenant = t.tenant
+    LEFT JOIN backlogged AS b ON b.tenant = t.tenant
+    LEFT JOIN {{schema}}.fair_finish AS o ON o.queue = claim_queue AND o.tenant = t.tenant
+    LEFT JOIN {{schema}}.tenant_weight AS w ON w.tenant = t.tenant
+    ORDER BY t.tenant
     ON CONFLICT (queue, tenant) DO UPDATE
-    SET finish = greatest(f.finish, excluded.finish), weight = excluded.weight;
+    SET finish = greatest(f.finish, excluded.finish), weight = excluded.weight,
+        backlog_from = excluded.backlog_from;
 
+    IF sweep THEN
+        UPDATE {{schema}}.queue AS x SET fair_swept_at = clock_timestamp()
+        WHERE x.name = claim_queue;
+    END IF;
     IF clock > q.fair_clock THEN
-        -- Below the clock, a finish says nothing more than no row.
+        -- Below the clock, a finish says nothing more than no row (unless its tenant
+        -- still has a backlog to read).
         DELETE FROM {{schema}}.fair_finish AS f
-        WHERE f.queue = claim_queue AND f.finish < clock;
+        WHERE f.queue = claim_queue AND f.finish < clock AND f.backlog_from IS NULL;
         UPDATE {{schema}}.queue AS x SET fair_clock = clock WHERE x.name = claim_queue;
     END IF;
 END;
