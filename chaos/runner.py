@@ -429,7 +429,8 @@ class Run:
         args = [json.dumps({**plan[n][1], "n": n}) for n in chunk]
         sql = (
             "WITH e AS (SELECT t.n, t.kind, "
-            f"{SCHEMA}.enqueue(t.kind, t.args::jsonb, group_key => t.args::jsonb->>'group') AS id "
+            f"{SCHEMA}.enqueue(t.kind, t.args::jsonb, group_key => t.args::jsonb->>'group', "
+            "tenant => t.args::jsonb->>'tenant') AS id "
             "FROM unnest($1::int[], $2::text[], $3::text[]) AS t(n, kind, args)) "
             "INSERT INTO public.chaos_enqueued (n, job_id, kind) SELECT n, id, kind FROM e"
         )

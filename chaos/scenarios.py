@@ -94,6 +94,12 @@ processes = 2
 max_attempts = 25
 global_concurrency = {RESERVED_CONCURRENCY}
 
+[queues.fair]
+concurrency = 4
+processes = 2
+max_attempts = 25
+fair = true
+
 [queues.grouped]
 concurrency = 8
 processes = 2
@@ -105,13 +111,16 @@ backoff_max = "200ms"
 
 def limits_mix(rng: random.Random, n: int) -> tuple[str, dict[str, Any]]:
     """Jobs of a queue with a global concurrency and a rate limit, of a queue with only
-    a global concurrency, jobs in 8 ordered groups (some heads fail once), and plain
-    work."""
+    a global concurrency, of a fair queue (four tenants, one with half of them), jobs in
+    8 ordered groups (some heads fail once), and plain work."""
     x = rng.random()
-    if x < 0.35:
+    if x < 0.3:
         return "chaos_limited", {"ms": rng.randint(20, 150)}
-    if x < 0.5:
+    if x < 0.42:
         return "chaos_reserved", {"ms": rng.randint(20, 150)}
+    if x < 0.55:
+        tenant = "t0" if rng.random() < 0.5 else f"t{rng.randint(1, 3)}"
+        return "chaos_fair", {"ms": rng.randint(5, 60), "tenant": tenant}
     if x < 0.85:
         args: dict[str, Any] = {"ms": rng.randint(5, 60), "group": f"g{rng.randint(0, 7)}"}
         if rng.random() < 0.05:

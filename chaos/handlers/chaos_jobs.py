@@ -46,6 +46,13 @@ async def chaos_reserved(args: dict[str, Any], ctx: JobContext) -> int:
     return await chaos_work(args, ctx)
 
 
+@job(queue="fair", max_attempts=25)
+async def chaos_fair(args: dict[str, Any], ctx: JobContext) -> int:
+    """chaos_work in the `limits` scenario's queue whose only limit is fair = true, of
+    four tenants, one of them flooding (it claims by tag, without the queue's lock)."""
+    return await chaos_work(args, ctx)
+
+
 @job(queue="grouped", max_attempts=25)
 async def chaos_grouped(args: dict[str, Any], ctx: JobContext) -> int:
     """chaos_work for jobs enqueued in ordered groups (args "group"); fails its first

@@ -11,7 +11,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from pgjobd import Client
+from pgjobd import Client, JobSpec
 
 from .conftest import MemberProcess, wait_all_final, wait_until
 from .events import JSON_LOG, wait_for_event
@@ -111,3 +111,33 @@ async def test_members_that_disagree_on_a_limit_log_it_and_the_last_one_wins(
     event = await wait_for_event(second, "flow.limits_disagree", queue="api")
     assert "global_concurrency=5" in event["previous"]
     assert "global_concurrency=2" in event["limits"]
+
+
+async def test_a_fair_queue_shares_its_starts_across_members_by_tag(
+    dsn: str, schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
+) -> None:
+    """A queue whose only limit is fair = true, on two members, claims by its jobs' tags
+    without the queue's lock (migration 0024): a tenant whose jobs arrive behind
+    another's 150 starts alongside it, not after it, and every job runs once."""
+    ledger = tmp_path / "ledger"
+    fair_queue = "[queues.api]\nconcurrency = 3\nprocesses = 1\nfair = true\n"
+    for _ in range(2):
+        await start_member(fair_queue, daemon=JSON_LOG, handlers=HANDLERS)
+    async with await Client.connect(dsn, schema=schema) as client:
+        specs = [
+            JobSpec("limited_record", {"path": str(ledger), "hold_s": 0.01}, tenant=tenant)
+            for tenant in ["first"] * 150 + ["second"] * 50
+        ]
+        ids = await client.enqueue_many(specs)
+        records = await wait_all_final(conn, schema, len(ids), timeout_s=90)
+    assert {r["state"] for r in records.values()} == {"completed"}
+    assert await conn.fetchval(f"SELECT {schema}.queue_fair_only('api')")
+    # The members claimed by tag (the stride path under the lock leaves fair_clock at 0).
+    assert await conn.fetchval(f"SELECT fair_clock FROM {schema}.queue WHERE name = 'api'") > 0
+    tenant_of = dict(zip(ids, [s.tenant for s in specs], strict=True))
+    runs = sorted(ledger_runs(ledger))
+    assert sorted(job_id for _, _, job_id in runs) == sorted(ids)
+    # The second tenant's 50 jobs run among the first 100 starts (about half of them,
+    # 6 slots claiming beside each other), not after the first's 150.
+    early = [tenant_of[job_id] for _, _, job_id in runs[:100]]
+    assert early.count("second") >= 35, early.count("second")

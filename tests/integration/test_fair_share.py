@@ -12,7 +12,7 @@ from datetime import timedelta
 import anyio
 import asyncpg
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from prometheus_client.parser import text_string_to_metric_families
@@ -83,6 +83,24 @@ async def _complete(conn: asyncpg.Connection, q: Queries, rows: list[asyncpg.Rec
 
 def _tenant(row: asyncpg.Record) -> str:
     return row["tenant"] or ""
+
+
+async def _starts_until(
+    conn: asyncpg.Connection, q: Queries, job_id: int, *, within_s: float | None = None,
+    pause_s: float = 0.0,
+) -> list[int]:  # fmt: skip
+    """Claims (and completes) queue f's jobs one at a time until `job_id` has started:
+    the ids started, in order. `within_s`: fail if that takes longer."""
+    began = anyio.current_time()
+    started: list[int] = []
+    while job_id not in started:
+        if within_s is not None:
+            assert anyio.current_time() - began < within_s, f"job {job_id} did not start"
+        rows = await _claim(conn, q, "f", 1)
+        started += [r["id"] for r in rows]
+        await _complete(conn, q, rows)
+        await anyio.sleep(pause_s)
+    return started
 
 
 async def test_tenant_concurrency_is_never_exceeded_by_racing_claimers(
@@ -173,20 +191,12 @@ async def test_a_new_tenant_behind_a_big_backlog_starts_within_the_bound(
     for _ in range(20):
         await _complete(conn, q, await _claim(conn, q, "f", 3))
     (late,) = await _enqueue_many(conn, schema, "f", "late", 1)
-    started: list[int] = []
-    while late not in started:
-        rows = await _claim(conn, q, "f", 1)
-        started += [r["id"] for r in rows]
-        await _complete(conn, q, rows)
+    started = await _starts_until(conn, q, late)
     assert len(started) <= 2  # T = 2 waiting tenants
     # A third tenant, joining while both others wait: within T = 3 starts.
     (third,) = await _enqueue_many(conn, schema, "f", "third", 1)
     await _enqueue_many(conn, schema, "f", "late", 50)
-    started = []
-    while third not in started:
-        rows = await _claim(conn, q, "f", 1)
-        started += [r["id"] for r in rows]
-        await _complete(conn, q, rows)
+    started = await _starts_until(conn, q, third)
     assert len(started) <= 3
 
 
@@ -229,14 +239,7 @@ async def test_a_tenant_whose_job_comes_back_rejoins_within_a_second(
     # b ran out of available jobs: it is no longer kept as waiting.
     assert await conn.fetchval(f"SELECT fair_tenants FROM {schema}.queue WHERE name = 'f'") == ["a"]
     await _rescue(dsn, conn, q, returning)
-    rescued_at = anyio.current_time()
-    started: list[int] = []
-    while returning not in started:
-        assert anyio.current_time() - rescued_at < 1.5, "the rescued tenant was not found"
-        rows = await _claim(conn, q, "f", 1)
-        started += [r["id"] for r in rows]
-        await _complete(conn, q, rows)
-        await anyio.sleep(0.02)
+    started = await _starts_until(conn, q, returning, within_s=1.5, pause_s=0.02)
     assert len(started) < 500  # a's backlog did not run out first
 
 
@@ -259,11 +262,7 @@ async def test_a_tenant_whose_job_comes_back_is_tagged_at_its_return(
     for _ in range(20):
         await _complete(conn, q, await _claim(conn, q, "f", 5))
     await _rescue(dsn, conn, q, returning)
-    started: list[int] = []
-    while returning not in started:
-        rows = await _claim(conn, q, "f", 1)
-        started += [r["id"] for r in rows]
-        await _complete(conn, q, rows)
+    started = await _starts_until(conn, q, returning)
     assert len(started) <= 2
 
 
@@ -320,6 +319,140 @@ async def test_new_weights_apply_to_the_jobs_already_waiting(
         starts.update(_tenant(r) for r in rows)
         await _complete(conn, q, rows)
     assert starts["a"] == pytest.approx(75, abs=2), starts
+
+
+async def test_a_job_behind_a_burst_starts_once_the_fills_have_read_past_the_burst(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    """Migration 0024 (tags): a fill reads 2,000 new ids and tags at most 500 jobs of a
+    tenant, the rest of its burst later from where it stopped; so a job enqueued just
+    behind a burst of B jobs is tagged within B / 2,000 + 1 claims and then starts
+    within the bound, while the burst's own jobs still start in their order."""
+    q = for_schema(schema)
+    await write_queue_limits(conn, q, {"f": FAIR_PATHS["tags"]}, "m")
+    burst = await _enqueue_many(conn, schema, "f", "big", 10_000)
+    (late,) = await _enqueue_many(conn, schema, "f", "late", 1)
+    started = await _starts_until(conn, q, late)
+    assert len(started) <= 10_000 // 2_000 + 1 + 2
+    for _ in range(250):
+        rows = await _claim(conn, q, "f", 50)
+        # (A claim's rows come back in no particular order.)
+        started += sorted(r["id"] for r in rows if r["id"] != late)
+        await _complete(conn, q, rows)
+        if not rows:
+            break
+    assert [i for i in started if i != late] == burst  # every one, once, in order
+
+
+async def test_a_burst_beyond_a_fills_share_keeps_its_order_and_the_shares_even(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    """Two tenants' bursts of 3,000, interleaved in id order with a third's: each is
+    tagged across several fills, yet all 9,000 run once each, each tenant's in id order,
+    and every 300 starts split evenly."""
+    q = for_schema(schema)
+    await write_queue_limits(conn, q, {"f": FAIR_PATHS["tags"]}, "m")
+    ids: dict[str, list[int]] = defaultdict(list)
+    for _ in range(30):
+        for tenant in ["a", "b", "c"]:
+            ids[tenant] += await _enqueue_many(conn, schema, "f", tenant, 100)
+    order: dict[str, list[int]] = defaultdict(list)
+    window: Counter[str] = Counter()
+    while True:
+        rows = await _claim(conn, q, "f", 30)
+        if not rows:
+            break
+        for row in sorted(rows, key=lambda r: r["id"]):
+            order[_tenant(row)].append(row["id"])
+            window[_tenant(row)] += 1
+        if sum(window.values()) >= 300:
+            assert max(window.values()) - min(window.values()) <= 3, window
+            window.clear()
+        await _complete(conn, q, rows)
+    assert order == ids
+
+
+async def test_a_job_the_look_back_missed_is_swept_up_within_a_second(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    """Migration 0024 (tags): a job whose id the fills passed before its transaction
+    committed (here: the queue's marks moved past it) is neither marked nor tagged; the
+    fill's once-a-second sweep of the queue's first available jobs tags it, so it runs
+    (the claims by tag would never see it otherwise)."""
+    q = for_schema(schema)
+    await write_queue_limits(conn, q, {"f": FAIR_PATHS["tags"]}, "m")
+    await _enqueue_many(conn, schema, "f", "a", 200)
+    (missed,) = await _enqueue_many(conn, schema, "f", "b", 1)
+    await conn.execute(
+        f"UPDATE {schema}.queue SET fair_scanned = $1, fair_settled = $1, "
+        "fair_swept_at = now() WHERE name = 'f'",
+        missed + 100_000,
+    )
+    # (The fill reads 2,000 ids back from the highest: beyond them.)
+    await conn.execute(f"SELECT setval('{schema}.job_id_seq', $1)", missed + 200_000)
+    await _enqueue_many(conn, schema, "f", "a", 1)
+    swept_at = anyio.current_time()
+    await _starts_until(conn, q, missed, within_s=2, pause_s=0.05)
+    assert anyio.current_time() - swept_at > 0.9  # not before the sweep was due
+
+
+async def test_a_stale_tag_is_passed_by_and_the_job_tagged_again(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    """Migration 0024: a job back with a tag below the queue's clock (claimed by the
+    stride path while the queue had another limit, and rescued after the queue went back
+    to fair alone) is not claimed by that tag; the sweep tags it again, after its
+    tenant's waiting jobs."""
+    q = for_schema(schema)
+    await write_queue_limits(conn, q, {"f": FAIR_PATHS["tags"]}, "m")
+    await _enqueue_many(conn, schema, "f", "a", 50)
+    first = await _claim(conn, q, "f", 10)
+    await write_queue_limits(conn, q, {"f": FAIR_PATHS["strides"]}, "m")
+    (stale,) = [r["id"] for r in await _claim(conn, q, "f", 1)]
+    tag = await conn.fetchval(f"SELECT fair_tag FROM {schema}.job WHERE id = $1", stale)
+    assert tag is not None  # (the stride path leaves it)
+    await write_queue_limits(conn, q, {"f": FAIR_PATHS["tags"]}, "m")
+    await _complete(conn, q, first)
+    await _complete(conn, q, await _claim(conn, q, "f", 5))
+    assert await conn.fetchval(f"SELECT fair_clock FROM {schema}.queue") > tag
+    await _rescue(dsn, conn, q, stale)
+    await conn.execute(f"UPDATE {schema}.queue SET fair_swept_at = now()")
+    assert stale not in [r["id"] for r in await _claim(conn, q, "f", 1)]
+    await conn.execute(f"UPDATE {schema}.queue SET fair_swept_at = NULL")
+    await _claim(conn, q, "f", 1)  # (its fill sweeps)
+    retagged = await conn.fetchval(f"SELECT fair_tag FROM {schema}.job WHERE id = $1", stale)
+    highest = await conn.fetchval(
+        f"SELECT max(fair_tag) FROM {schema}.job WHERE id <> $1 AND state = 'available'", stale
+    )
+    assert retagged > highest
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    wanted=st.none() | st.sampled_from([-(2**31), -1, 0, 1, 3, 2**31 - 1]),
+    queue=st.sampled_from(["f", "", "unknown", "x" * 300]) | st.text(max_size=20),
+)
+async def test_a_fair_claim_takes_what_it_may_whatever_it_is_told(
+    conn: asyncpg.Connection, schema: str, wanted: int | None, queue: str
+) -> None:
+    """job_claim_fair's inputs at their edges: a NULL, zero or negative limit takes
+    nothing, a large one no more than is waiting; a queue that is not a fair-only one
+    (unknown, empty, any text) gives nothing and tags nothing."""
+    q = for_schema(schema)
+    await conn.execute(f"TRUNCATE {schema}.job, {schema}.fair_finish")
+    await write_queue_limits(conn, q, {"f": FAIR_PATHS["tags"]}, "m")
+    await _enqueue_many(conn, schema, "f", "a", 3)
+    rows = await conn.fetch(q.sql("job_claim_fair"), queue, wanted, "m", LEASE)
+    expected = min(wanted, 3) if queue == "f" and wanted is not None and wanted > 0 else 0
+    assert len(rows) == expected
+    running = await conn.fetchval(f"SELECT count(*) FROM {schema}.job WHERE state = 'running'")
+    assert running == expected
+    if queue != "f":
+        assert not await conn.fetchval(
+            f"SELECT count(*) FROM {schema}.job WHERE fair_tag IS NOT NULL"
+        )
 
 
 async def test_a_queue_made_fair_on_an_empty_table_marks_new_jobs_at_once(
