@@ -39,7 +39,7 @@ from pgjobd.errors import retry_later
 from pgjobd.model import ClaimedJob
 from pgjobd.notifier import Wakeup
 from pgjobd.queries import Queries
-from pgjobd.statements.job import ClaimRow
+from pgjobd.statements.job import ClaimKey, ClaimRow
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,46 @@ FLOW_RECHECK_S = 1.0
 # bench/flow.py global_50 on a quiet box, single drains alternating: 0 s 4,344, 4,836,
 # 6,261 jobs/s; 5 ms 4,975, 6,263, 6,907; 20 ms 5,292, 6,226, 6,733).
 FLOW_GATHER_S = 0.005
+
+
+# A producer of a queue without flow control starts each claim after the last job its
+# previous full claim took, in claim order (job_claim's `after`), and from the head of
+# the queue after a claim that came back short and CURSOR_HEAD_S after its last claim
+# from the head. Each claimed job leaves an index entry at the head of the claim index
+# that a claim from the head walks again until vacuum removes it; while a snapshot holds
+# the xmin horizon none can be skipped without a heap visit, and every claim's cost grew
+# with every job run since (bench/horizon.py at the defaults: held at 0.30 of the free
+# rate from the head every time, 0.55 every 8 claims; see decisions.md). The price: a
+# job that becomes available behind the cursor (a higher priority, a promoted or retried
+# job due earlier, a claim rolled back) waits for the next claim from the head, up to
+# CURSOR_HEAD_S while the queue has a backlog (without one, claims come back short).
+CURSOR_HEAD_S = 0.25
+
+
+class ClaimCursor:
+    """Where a producer's next job_claim starts (see CURSOR_HEAD_S)."""
+
+    def __init__(self) -> None:
+        self.after: ClaimKey | None = None
+        self._head_at = -math.inf
+
+    def start(self) -> ClaimKey | None:
+        """Where the next claim starts (None: the head)."""
+        if time.monotonic() - self._head_at >= CURSOR_HEAD_S:
+            self.after = None
+        if self.after is None:
+            self._head_at = time.monotonic()
+        return self.after
+
+    def took(self, rows: Sequence[ClaimRow], limit: int) -> None:
+        """A claim of `limit` returned `rows`."""
+        if len(rows) < limit:
+            self.after = None
+            return
+        last = max(ClaimKey.of(row) for row in rows)
+        # (Two claim loops share the cursor: it never moves back.)
+        if self.after is None or last > self.after:
+            self.after = last
 
 
 class Workers(Protocol):
@@ -105,6 +145,7 @@ class Producer:
         self._stop_by: float | None = None
         self.claim_seconds: list[float] = []  # recent claim durations, for metrics
         self.claimed = 0
+        self.cursor = ClaimCursor()  # job_claim's start (queues without flow control)
         self.flow: bool | None = None  # claims through job_claim_flow; None: not read yet
         self.reservable = False  # of those, claims through flow_reserve: see _claim_flow
         self.fair_only = False  # of those, claims through job_claim_fair: see _claim_flow
@@ -213,7 +254,11 @@ class Producer:
                 self.throttled = bool(held)
                 metrics.record_throttled(self.queue, [h for h in held if h is not None])
             else:
-                rows = await self.q.job_claim(conn, self.queue, limit, self.member_id, self.lease)
+                after = self.cursor.start() or (None, None, None)
+                rows = await self.q.job_claim(
+                    conn, self.queue, limit, self.member_id, self.lease, *after
+                )
+                self.cursor.took(rows, limit)
             if len(rows) < limit and time.monotonic() - self._flow_read_at >= FLOW_RECHECK_S:
                 await self._read_flow(conn)
         seconds = time.perf_counter() - started

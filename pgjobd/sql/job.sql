@@ -111,12 +111,19 @@ ORDER BY a.attempt, a.failed_at;
 -- to claimed, on the database clock (for pgjobd_job_wait_seconds). Neither does a
 -- queue that needs flow control (limits or groups, its own or any kind's, or a kind's
 -- circuit breaker that is not closed): that one claims through job_claim_flow, and the
--- producer learns which from queue_flow_get.
--- $1 queue, $2 limit, $3 member id, $4 lease
+-- producer learns which from queue_flow_get. $5-$7: where the claim starts in claim
+-- order, after (priority, run_at, id) (NULLs: the head of the queue): the producer's
+-- cursor, so that a claim does not walk again the index entries of the jobs claimed
+-- before it (under a held xmin horizon none of them can be skipped without a heap
+-- visit; see pgjobd/producer.py, ClaimCursor).
+-- $1 queue, $2 limit, $3 member id, $4 lease, $5 priority, $6 run_at, $7 id
 WITH picked AS (
     SELECT j.id
     FROM {{schema}}.job AS j
     WHERE j.state = 'available' AND j.queue = $1
+      AND (j.priority, j.run_at, j.id) > (coalesce($5::smallint, -32768),
+                                          coalesce($6::timestamptz, '-infinity'),
+                                          coalesce($7::bigint, 0))
       AND NOT EXISTS (SELECT FROM {{schema}}.queue AS q
                       WHERE q.name = $1 AND (q.paused OR q.flow))
       AND NOT EXISTS (SELECT FROM {{schema}}.kind AS k

@@ -186,6 +186,18 @@ class FlowClaimRow(NamedTuple):
         return ClaimRow(*self[:-1])  # type: ignore[arg-type]  # (id not NULL: all set)
 
 
+class ClaimKey(NamedTuple):
+    """A job's place in claim order: job_claim starts after it (see the producer)."""
+
+    priority: int
+    run_at: datetime
+    id: int
+
+    @classmethod
+    def of(cls, row: ClaimRow) -> ClaimKey:
+        return cls(row.priority, row.scheduled_at, row.id)
+
+
 class Promoted(NamedTuple):
     promoted: int
     queues: list[str]
@@ -294,10 +306,16 @@ class JobStatements(Rendered):
 
     @statement("job_claim")
     async def job_claim(
-        self, conn: Conn, queue: str, limit: int, member_id: str,
-        lease: timedelta,
+        self, conn: Conn, queue: str, limit: int, member_id: str, lease: timedelta,
+        after_priority: int | None = None, after_run_at: datetime | None = None,
+        after_id: int | None = None,
     ) -> list[ClaimRow]:  # fmt: skip
-        records = await conn.fetch(self.sql("job_claim"), queue, limit, member_id, lease)
+        """after_*: claim only jobs after that place in claim order (a ClaimKey; None:
+        from the head)."""
+        records = await conn.fetch(
+            self.sql("job_claim"), queue, limit, member_id, lease,
+            after_priority, after_run_at, after_id,
+        )  # fmt: skip
         return rows_of(ClaimRow, records)
 
     @statement("job_claim_flow")

@@ -732,7 +732,7 @@ async def test_an_unfair_queue_claims_as_before_and_marks_nothing(
     second = await _enqueue_many(conn, schema, "l", "b", 5)
     free = await _enqueue_many(conn, schema, "free", "a", 3)
     assert [r["id"] for r in await _claim(conn, q, "l", 7)] == [*first, *second[:2]]
-    assert [r["id"] for r in await conn.fetch(q.sql("job_claim"), "free", 10, "m", LEASE)] == free
+    assert [r.id for r in await q.job_claim(conn, "free", 10, "m", LEASE)] == free
     assert not await conn.fetchval(
         f"SELECT count(*) FROM {schema}.job WHERE fair_tenant IS NOT NULL"
     )

@@ -433,7 +433,7 @@ async def test_the_unlimited_claim_takes_nothing_from_a_limited_queue(
     assert not await conn.fetchval(fleet.q.sql("queue_flow_get"), "q")
     await _set_limits(conn, schema, q=QueueConfig(global_concurrency=5))
     assert await conn.fetchval(fleet.q.sql("queue_flow_get"), "q")
-    assert await conn.fetch(fleet.q.sql("job_claim"), "q", 10, "m", LEASE) == []
+    assert await fleet.q.job_claim(conn, "q", 10, "m", LEASE) == []
     claimed = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", 10, "m", LEASE, [])
     assert len(claimed) == 1
     # A kind with a limit puts every queue on the limited path.
@@ -441,7 +441,7 @@ async def test_the_unlimited_claim_takes_nothing_from_a_limited_queue(
     await conn.execute(
         f"INSERT INTO {schema}.kind (name, queue, global_concurrency) VALUES ('capped', 'x', 1)"
     )
-    assert await conn.fetch(fleet.q.sql("job_claim"), "free", 10, "m", LEASE) == []
+    assert await fleet.q.job_claim(conn, "free", 10, "m", LEASE) == []
     assert await conn.fetchval(fleet.q.sql("queue_flow_get"), "free")
 
 

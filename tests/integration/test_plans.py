@@ -64,7 +64,7 @@ class Case:
 CASES = [
     Case(
         "job_claim",
-        lambda s: (QUEUE, BATCH, "planner", timedelta(seconds=30)),
+        lambda s: (QUEUE, BATCH, "planner", timedelta(seconds=30), None, None, None),
         (("job_claim_idx",),),
     ),
     # A queue whose only limit is its global_concurrency claims the places it reserved.

@@ -1,0 +1,196 @@
+"""job_claim's start in claim order (`after_*`) and the producer's cursor, on a real
+PostgreSQL: a claim after a key takes only jobs after it, and a job that becomes
+available behind a busy producer's cursor still starts within CURSOR_HEAD_S."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+import anyio
+import asyncpg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pgjobd.completer import Completer, OwnEnds
+from pgjobd.config import QueueConfig
+from pgjobd.model import ClaimedJob, Outcome
+from pgjobd.notifier import Wakeup
+from pgjobd.producer import CURSOR_HEAD_S, Producer
+from pgjobd.queries import for_schema
+from tests.integration.test_plans import _plan
+
+pytestmark = pytest.mark.anyio
+LEASE = timedelta(minutes=1)
+
+
+async def _enqueue(conn: asyncpg.Connection, schema: str, n: int, priority: int) -> list[int]:
+    rows = await conn.fetch(
+        f"SELECT e.id FROM {schema}.enqueue_many("
+        "kinds => array_fill('k'::text, ARRAY[$1::integer]), "
+        "args => array_fill('{}'::jsonb, ARRAY[$1::integer]), "
+        "priorities => array_fill($2::integer, ARRAY[$1::integer])) AS e ORDER BY e.ord",
+        n, priority,
+    )  # fmt: skip
+    return [row["id"] for row in rows]
+
+
+async def test_a_claim_after_a_key_takes_only_the_jobs_after_it(
+    conn: asyncpg.Connection, schema: str
+) -> None:
+    q = for_schema(schema)
+    ids = await _enqueue(conn, schema, 6, priority=2)
+    urgent = await _enqueue(conn, schema, 1, priority=0)
+    first = await q.job_claim(conn, "default", 3, "m", LEASE)
+    first = sorted(first, key=lambda r: (r.priority, r.scheduled_at, r.id))
+    assert [r.id for r in first] == [*urgent, *ids[:2]]
+    last = first[-1]
+    behind = await _enqueue(conn, schema, 1, priority=1)  # before the key in claim order
+    after = await q.job_claim(
+        conn, "default", 10, "m", LEASE, last.priority, last.scheduled_at, last.id
+    )
+    assert sorted(r.id for r in after) == ids[2:]
+    assert [r.id for r in await q.job_claim(conn, "default", 10, "m", LEASE)] == behind
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    priority=st.none() | st.sampled_from([-(2**15), -1, 0, 2, 3, 2**15 - 1, 2**15, -(2**31)]),
+    run_at=st.none()
+    | st.sampled_from([datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinfo=UTC)])
+    | st.datetimes(timezones=st.just(UTC)),
+    job_id=st.none() | st.sampled_from([-(2**63), 0, 1, 2**63 - 1]) | st.integers(1, 10),
+)
+async def test_a_claims_start_at_its_edges_takes_what_follows_it_or_is_refused(
+    conn: asyncpg.Connection, schema: str,
+    priority: int | None, run_at: datetime | None, job_id: int | None,
+) -> None:  # fmt: skip
+    """after_* at the edges of their types, and NULLs (each NULL is the head's value
+    for its column: -32768, '-infinity', 0): the claim takes exactly the waiting jobs
+    after the key, or a value out of the column's range is refused and nothing is
+    claimed."""
+    q = for_schema(schema)
+    await conn.execute(f"TRUNCATE {schema}.job")
+    await _enqueue(conn, schema, 5, priority=2)
+    jobs = await conn.fetch(f"SELECT priority, run_at, id FROM {schema}.job")
+    key = (
+        -(2**15) if priority is None else priority,
+        datetime.min.replace(tzinfo=UTC) if run_at is None else run_at,
+        0 if job_id is None else job_id,
+    )
+    try:
+        rows = await q.job_claim(conn, "default", 10, "m", LEASE, priority, run_at, job_id)
+    except (asyncpg.DataError, OverflowError):
+        assert priority is not None and not -(2**15) <= priority < 2**15
+        rows = []
+    else:
+        expected = [j["id"] for j in jobs if tuple(j) > key]
+        assert sorted(r.id for r in rows) == sorted(expected)
+    running = await conn.fetchval(f"SELECT count(*) FROM {schema}.job WHERE state = 'running'")
+    assert running == len(rows)
+
+
+class FreeingSlots:
+    """Four slots that free as soon as a job is handed over (a no-op handler)."""
+
+    own_ends: OwnEnds | None = None
+
+    def __init__(self) -> None:
+        self.submitted: list[ClaimedJob] = []
+        self._changed = anyio.Event()
+
+    def slots(self) -> int:
+        return 4
+
+    def free_slots(self) -> int:
+        return 4
+
+    async def wait_changed(self) -> None:
+        await self._changed.wait()
+
+    async def submit_many(self, jobs: Sequence[ClaimedJob]) -> None:
+        self.submitted += jobs
+        self._changed.set()
+        self._changed = anyio.Event()
+
+
+async def test_a_job_behind_a_busy_producers_cursor_starts_within_its_head_interval(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    """A producer with a backlog claims after its cursor; an urgent job enqueued behind
+    it (a higher priority) is not seen by those claims but starts at the next claim
+    from the head, within CURSOR_HEAD_S, long before the backlog runs out."""
+    q = for_schema(schema)
+    await _enqueue(conn, schema, 20_000, priority=5)
+    workers = FreeingSlots()
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    try:
+        _, receive = anyio.create_memory_object_stream[Outcome](0)
+        completer = Completer(pool, q, "m", {"default": QueueConfig()}, receive)
+        producer = Producer(
+            "default", pool=pool, queries=q, workers=workers, wakeup=Wakeup(),
+            completer=completer, member_id="m", lease=LEASE,
+        )  # fmt: skip
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(producer.run)
+            with anyio.fail_after(10):
+                while producer.cursor.after is None:  # noqa: ASYNC110
+                    await anyio.sleep(0.001)
+            (urgent,) = await _enqueue(conn, schema, 1, priority=0)
+            enqueued_at = anyio.current_time()
+            with anyio.fail_after(10):
+                while urgent not in [j.id for j in workers.submitted]:  # noqa: ASYNC110
+                    await anyio.sleep(0.001)
+            waited = anyio.current_time() - enqueued_at
+            ran = len(workers.submitted)
+            tg.cancel_scope.cancel()
+    finally:
+        await pool.close()
+    assert waited < CURSOR_HEAD_S + 0.5
+    assert ran < 20_000  # the backlog had not run out
+
+
+async def test_a_claim_after_its_cursor_skips_what_a_held_horizon_keeps_at_the_head(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    """While a snapshot holds the xmin horizon, every job claimed since leaves an entry
+    at the head of the claim index that no scan can skip without a heap visit: a claim
+    from the head reads them all, a claim after the cursor starts past them (its start
+    is an index condition), so its buffers stay in proportion to its batch."""
+    q = for_schema(schema)
+    await conn.execute(
+        f"INSERT INTO {schema}.job (state, queue, kind, args) "
+        "SELECT 'available', 'default', 'k', '{}' FROM generate_series(1, 50050)"
+    )
+    holder = await asyncpg.connect(dsn)
+    try:
+        await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        await holder.fetchval(f"SELECT count(*) FROM {schema}.job")
+        # 50,000 jobs gone (run and finished) while the snapshot holds them.
+        last = await conn.fetchrow(
+            f"WITH gone AS (DELETE FROM {schema}.job WHERE id IN (SELECT id FROM {schema}.job "
+            "ORDER BY id LIMIT 50000) RETURNING priority, run_at, id) "
+            "SELECT * FROM gone ORDER BY id DESC LIMIT 1"
+        )
+        sql = q.sql("job_claim")
+        base = ("default", 50, "m", LEASE)
+        plans = []
+        for start in [(None, None, None), (last["priority"], last["run_at"], last["id"])]:
+            planner = await asyncpg.connect(dsn)  # (_plan deallocates every statement)
+            try:
+                plans.append(await _plan(planner, sql, (*base, *start), generic=False,
+                                         analyze=True))  # fmt: skip
+            finally:
+                await planner.close()
+        head, after = plans
+    finally:
+        await holder.close()
+    buffers = {
+        name: plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+        for name, plan in (("head", head), ("after", after))
+    }
+    assert head["Actual Rows"] == after["Actual Rows"] == 50
+    assert buffers["after"] < 25 * 50 < buffers["head"], buffers
