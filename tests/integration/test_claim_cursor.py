@@ -13,13 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pgjobd.completer import Completer, OwnEnds
-from pgjobd.config import QueueConfig
-from pgjobd.model import ClaimedJob, Outcome
-from pgjobd.notifier import Wakeup
-from pgjobd.producer import CURSOR_HEAD_S, Producer
+from pgjobd.completer import OwnEnds
+from pgjobd.model import ClaimedJob
+from pgjobd.producer import CURSOR_HEAD_S
 from pgjobd.queries import for_schema
 from tests.integration.test_plans import _plan
+from tests.integration.test_producer_slots import default_queue_producer
 
 pytestmark = pytest.mark.anyio
 LEASE = timedelta(minutes=1)
@@ -128,12 +127,7 @@ async def test_a_job_behind_a_busy_producers_cursor_starts_within_its_head_inter
     workers = FreeingSlots()
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
     try:
-        _, receive = anyio.create_memory_object_stream[Outcome](0)
-        completer = Completer(pool, q, "m", {"default": QueueConfig()}, receive)
-        producer = Producer(
-            "default", pool=pool, queries=q, workers=workers, wakeup=Wakeup(),
-            completer=completer, member_id="m", lease=LEASE,
-        )  # fmt: skip
+        producer = default_queue_producer(pool, q, workers)
         async with anyio.create_task_group() as tg:
             tg.start_soon(producer.run)
             with anyio.fail_after(10):

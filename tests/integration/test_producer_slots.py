@@ -15,8 +15,8 @@ from pgjobd.completer import Completer, OwnEnds
 from pgjobd.config import QueueConfig
 from pgjobd.model import ClaimedJob, Outcome
 from pgjobd.notifier import Wakeup
-from pgjobd.producer import Producer
-from pgjobd.queries import for_schema
+from pgjobd.producer import Producer, Workers
+from pgjobd.queries import Queries, for_schema
 
 pytestmark = pytest.mark.anyio
 
@@ -48,6 +48,16 @@ class SilentSlots:
         self.submitted += jobs
 
 
+def default_queue_producer(pool: asyncpg.Pool, q: Queries, workers: Workers) -> Producer:
+    """A producer of queue "default" for member "m", its completer fed by nothing."""
+    _, receive = anyio.create_memory_object_stream[Outcome](0)
+    completer = Completer(pool, q, "m", {"default": QueueConfig()}, receive)
+    return Producer(
+        "default", pool=pool, queries=q, workers=workers, wakeup=Wakeup(),
+        completer=completer, member_id="m", lease=timedelta(minutes=1),
+    )  # fmt: skip
+
+
 async def test_a_loop_waiting_for_slots_sees_slots_that_freed_without_a_change(
     dsn: str, conn: asyncpg.Connection, schema: str
 ) -> None:
@@ -61,12 +71,7 @@ async def test_a_loop_waiting_for_slots_sees_slots_that_freed_without_a_change(
     workers = SilentSlots()
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
     try:
-        _, receive = anyio.create_memory_object_stream[Outcome](0)
-        completer = Completer(pool, q, "m", {"default": QueueConfig()}, receive)
-        producer = Producer(
-            "default", pool=pool, queries=q, workers=workers, wakeup=Wakeup(),
-            completer=completer, member_id="m", lease=timedelta(minutes=1),
-        )  # fmt: skip
+        producer = default_queue_producer(pool, q, workers)
         async with anyio.create_task_group() as tg:
             tg.start_soon(producer.run)
             with anyio.fail_after(5):
