@@ -8,11 +8,14 @@ the queue stays empty (up to MAX_POLL_S) and drops back as soon as work turns up
 Queues without flow control claim with `job_claim`, the statement of an unlimited
 queue. A queue with fleet-wide limits or groups (its own, or any kind's) claims with
 `job_claim_flow`; `job_claim` refuses such a queue, so a producer that has not noticed a
-new limit claims nothing rather than too much. The producer reads which one applies
-(`queue_flow_get`) at its first claim, and again at most every FLOW_RECHECK_S after a
-claim that came back short. While a limit holds jobs back, it claims again
-FLOW_GATHER_S after one of its own jobs ends (job_claim_flow does not count a job as
-running once its handler has ended here: OwnEnds) or another member announces an end
+new limit claims nothing rather than too much. Two of those claim by statements of their
+own, without the queue's lock: one whose only limit is its global_concurrency, within the
+member's allocation of it (`flow_allocate`, `job_claim_allocated`), and one whose only
+limit is `fair = true`, by its jobs' tags (`job_claim_fair`). The producer reads which
+path applies (`queue_claim_path_get`) at its first claim, and again at most every
+FLOW_RECHECK_S after a claim that came back short. While a limit holds jobs back, it
+claims again FLOW_GATHER_S after one of its own jobs ends (a fleet-wide count leaves out
+a job whose handler has ended here: OwnEnds) or another member announces an end
 (queue_room_announce), or after MIN_POLL_S.
 
 A claim and the hand-over of what it claimed are one step that cancellation does not
@@ -39,7 +42,7 @@ from pgjobd.errors import retry_later
 from pgjobd.model import ClaimedJob
 from pgjobd.notifier import Wakeup
 from pgjobd.queries import Queries
-from pgjobd.statements.job import ClaimKey, ClaimRow
+from pgjobd.statements.job import Allocation, ClaimKey, ClaimPath, ClaimRow, FlowClaimRow
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,14 @@ FLOW_RECHECK_S = 1.0
 # bench/flow.py global_50 on a quiet box, single drains alternating: 0 s 4,344, 4,836,
 # 6,261 jobs/s; 5 ms 4,975, 6,263, 6,907; 20 ms 5,292, 6,226, 6,733).
 FLOW_GATHER_S = 0.005
+# A member holds an allocation of a global_concurrency (flow_allocate, migration 0025) and
+# claims within it without the queue's lock. It makes the allocation anew when a claim
+# finds it too small, at most every ALLOCATE_EVERY_S (each is a round trip under the
+# queue's lock, fleet-wide), and at least every ALLOCATE_RENEW_S while it claims: the
+# allocation expires 5 s after it was made, and the renewal is also where the member
+# learns that another wants a share and gives places back.
+ALLOCATE_EVERY_S = 0.02
+ALLOCATE_RENEW_S = 0.1
 
 
 # A producer of a queue without flow control starts each claim after the last job its
@@ -146,9 +157,10 @@ class Producer:
         self.claim_seconds: list[float] = []  # recent claim durations, for metrics
         self.claimed = 0
         self.cursor = ClaimCursor()  # job_claim's start (queues without flow control)
-        self.flow: bool | None = None  # claims through job_claim_flow; None: not read yet
-        self.reservable = False  # of those, claims through flow_reserve: see _claim_flow
-        self.fair_only = False  # of those, claims through job_claim_fair: see _claim_flow
+        self.path: ClaimPath | None = None  # which claim statement: None, not read yet
+        self.allocation: Allocation | None = None  # the member's, when path == "allocated"
+        self._allocated_at = -math.inf
+        self._allocation_short = False  # the last claim found the allocation too small
         self._flow_read_at = -math.inf
         self.throttled = False  # the last claim was held back by a limit
         self._flow_changed = anyio.Event()  # set (and made anew) as the claim path changes
@@ -176,10 +188,15 @@ class Producer:
         for scope in self._in_flight:
             scope.deadline = min(scope.deadline, self._stop_by)
 
+    @property
+    def flow(self) -> bool | None:
+        """Whether the queue claims under flow control (None: not read yet)."""
+        return None if self.path is None else self.path != "plain"
+
     def _lock_free(self) -> bool:
         """Whether this queue's flow-control claims leave the queue's lock to others
         while they fetch their jobs (so that a second claim loop helps)."""
-        return self.reservable or self.fair_only
+        return self.path in ("allocated", "fair")
 
     def _unreserved(self) -> int:
         return self.workers.free_slots() - self.reserved
@@ -275,36 +292,59 @@ class Producer:
         self, conn: asyncpg.Connection, limit: int, loop: int
     ) -> tuple[list[ClaimRow], list[str | None]]:
         """A claim under flow control, and the limits that held jobs back. A queue whose
-        only limit is its global_concurrency reserves its places under the queue's lock
-        and claims them without it (flow_reserve, job_claim_reserved); one whose only
-        limit is fair = true claims by its jobs' tags without the lock (job_claim_fair,
-        which holds nothing back); any other takes the whole claim under its locks
-        (job_claim_flow)."""
-        if self.fair_only:
+        only limit is its global_concurrency claims within the member's allocation of it
+        (_claim_allocated); one whose only limit is fair = true claims by its jobs' tags
+        without the lock (job_claim_fair, which holds nothing back); any other takes the
+        whole claim under its locks (job_claim_flow)."""
+        if self.path == "fair":
             return await self.q.job_claim_fair(
                 conn, self.queue, limit, self.member_id, self.lease
             ), []
         own = self.workers.own_ends
         ended = list(own.fences) if own is not None else []
-        if self.reservable:
-            places = await self.q.flow_reserve(conn, self.queue, limit, self.member_id, ended, loop)
-            if places is not None:
-                rows = []
-                if places:
-                    rows = await self.q.job_claim_reserved(
-                        conn, self.queue, self.member_id, self.lease, loop, places
-                    )
-                held_back = places < limit and len(rows) == places
-                return rows, ["global_concurrency"] if held_back else []
-            self.reservable = False  # a limit or groups since: the whole claim from now on
-        flow_rows = await self.q.job_claim_flow(
-            conn, self.queue, limit, self.member_id, self.lease, ended
-        )
+        if self.path == "allocated":
+            flow_rows = await self._claim_allocated(conn, limit, ended)
+            if flow_rows is None:
+                self.path = "limited"  # a limit or groups since: the whole claim from now on
+                flow_rows = await self.q.job_claim_flow(
+                    conn, self.queue, limit, self.member_id, self.lease, ended
+                )
+        else:
+            flow_rows = await self.q.job_claim_flow(
+                conn, self.queue, limit, self.member_id, self.lease, ended
+            )
         held = [row.held_by for row in flow_rows if row.id is None]
         return [row.claim_row() for row in flow_rows if row.id is not None], held
 
+    async def _claim_allocated(
+        self, conn: asyncpg.Connection, limit: int, ended: list[int]
+    ) -> list[FlowClaimRow] | None:
+        """A claim within the member's allocation of the queue's global_concurrency,
+        made anew first when due (see ALLOCATE_EVERY_S); None when the queue has other
+        limits since."""
+        since = time.monotonic() - self._allocated_at
+        if since >= ALLOCATE_RENEW_S or (self._allocation_short and since >= ALLOCATE_EVERY_S):
+            self._allocated_at = time.monotonic()
+            self.allocation = None  # (should the answer not come: it may have committed)
+            self.allocation = await self.q.flow_allocate(
+                conn, self.queue, self.member_id, ended, limit
+            )
+            if self.allocation is None:
+                return None
+        after = self.cursor.start() or (None, None, None)
+        rows = await self.q.job_claim_allocated(
+            conn, self.queue, limit, self.member_id, self.lease, ended, *after
+        )
+        claimed = [row.claim_row() for row in rows if row.id is not None]
+        self._allocation_short = len(claimed) < len(rows)
+        if not self._allocation_short:
+            self.cursor.took(claimed, limit)
+        elif claimed:  # as many as the allocation allowed: a full claim of that many
+            self.cursor.took(claimed, len(claimed))
+        return rows
+
     async def _gather_slots(self) -> None:
-        if self.flow and not self.fair_only:
+        if self.path == "limited":
             enough = max(1, self.workers.slots() // FLOW_BATCH_SHARE)
             window_s = FLOW_BATCH_WINDOW_S
         else:
@@ -324,24 +364,23 @@ class Producer:
         await anyio.sleep(FLOW_GATHER_S)
 
     async def _read_flow(self, conn: asyncpg.Connection) -> None:
-        flow = bool(await self.q.queue_flow_get(conn, self.queue))
-        reservable = flow and await self.q.queue_reservable_get(conn, self.queue)
-        fair_only = flow and await self.q.queue_fair_only_get(conn, self.queue)
+        path = await self.q.queue_claim_path_get(conn, self.queue)
         self._flow_read_at = time.monotonic()
-        if flow and not fair_only:  # (a fair-only claim waits for no room)
+        if path in ("allocated", "limited"):  # (a fair-only claim waits for no room)
             self.workers.own_ends = self.completer.track_ends(self.queue, self.wakeup)
         else:
             self.workers.own_ends = None
             self.completer.untrack_ends(self.queue)
-        if flow != self.flow and (flow or self.flow is not None):
+        flow = path != "plain"
+        if flow != self.flow and (flow or self.path is not None):
             self.throttled = False
             log.info(
                 "queue %s claims %s", self.queue,
                 "under flow control" if flow else "without flow control",
                 extra={"event": "producer.flow_changed", "queue": self.queue, "flow": flow},
             )  # fmt: skip
-        changed = (flow, reservable, fair_only) != (self.flow, self.reservable, self.fair_only)
-        self.flow, self.reservable, self.fair_only = flow, reservable, fair_only
-        if changed:
+        if path != self.path:
+            self._allocated_at = -math.inf
+            self.path = path
             self._flow_changed.set()
             self._flow_changed = anyio.Event()

@@ -211,6 +211,43 @@ SELECT {{schema}}.queue_fair_only($1) AS fair_only;
 -- $1 queue
 SELECT {{schema}}.queue_reservable($1) AS reservable;
 
+-- name: flow_allocate
+-- Member $2's allocation of queue $1's global_concurrency, made anew for its running
+-- jobs less $3 (fences of its jobs whose handlers have ended, as job_claim_flow's) and
+-- $4 more (migration 0025): (ceiling, places); NULLs when the queue is not reservable
+-- (it claims through job_claim_flow then).
+-- $1 queue, $2 member id, $3 ended fences, $4 more
+SELECT a.ceiling, a.places FROM {{schema}}.flow_allocate($1, $2, $3::bigint[], $4) AS a;
+
+-- name: job_claim_allocated
+-- job_claim within member $3's allocation of queue $1 (migration 0025), without the
+-- queue's lock: up to $2 jobs, at most the allocation's ceiling less the member's
+-- running jobs less $5 (ended fences); a row with a NULL id when the allocation held
+-- jobs back. $6-$8: where the claim starts in claim order (job_claim's cursor).
+-- $1 queue, $2 limit, $3 member id, $4 lease, $5 ended fences, $6 priority, $7 run_at,
+-- $8 id
+SELECT c.id, c.fence, c.kind, c.queue, c.attempt, c.max_attempts, c.crashes, c.priority,
+       c.tenant, c.enqueued_at, c.scheduled_at, c.args, c.waited_s, c.depends_on,
+       c.after_jobs, c.blockers_failed, c.trace_context, c.held_by
+FROM {{schema}}.job_claim_allocated($1, $2, $3, $4::interval, $5::bigint[], $6::smallint,
+                                    $7::timestamptz, $8::bigint) AS c;
+
+-- name: queue_claim_path_get
+-- How queue $1 claims (migration 0025): 'plain' (job_claim), 'allocated' (its only limit
+-- a global_concurrency: flow_allocate and job_claim_allocated), 'fair' (its only limit
+-- fair = true: job_claim_fair) or 'limited' (job_claim_flow). One read for the
+-- producer's choice of statement.
+-- $1 queue
+SELECT CASE WHEN NOT (coalesce((SELECT q.flow FROM {{schema}}.queue AS q WHERE q.name = $1),
+                               false)
+                      OR EXISTS (SELECT FROM {{schema}}.kind AS k
+                                 WHERE k.global_concurrency IS NOT NULL
+                                       OR k.rate_limit IS NOT NULL
+                                       OR k.breaker_limit IS NOT NULL)) THEN 'plain'
+            WHEN {{schema}}.queue_reservable($1) THEN 'allocated'
+            WHEN {{schema}}.queue_fair_only($1) THEN 'fair'
+            ELSE 'limited' END AS path;
+
 -- name: job_results
 -- The results of jobs $1 (what a job waited for; read when its handler asks):
 -- {"id": result} from the latest final record of each, as JSON text (NULL: none found).

@@ -118,7 +118,11 @@ GRANT EXECUTE ON FUNCTION
     {{schema}}.queue_fair_only(text),
     {{schema}}.fair_scan_range(text, integer),
     {{schema}}.fair_tag_fill(text),
-    {{schema}}.fair_best_of_tenants(text, bigint[], float8)
+    {{schema}}.fair_best_of_tenants(text, bigint[], float8),
+    -- A queue whose only limit is its global_concurrency (migration 0025).
+    {{schema}}.flow_allocate(text, text, bigint[], integer),
+    {{schema}}.job_claim_allocated(text, integer, text, interval, bigint[], smallint,
+                                   timestamptz, bigint)
     TO {{schema}}_worker;
 -- The dead-job groups' key (migration 0019: `dlq list` and the console), read with the reader's rights.
 GRANT EXECUTE ON FUNCTION {{schema}}.dead_group_key(text, text)

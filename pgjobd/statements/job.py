@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import msgspec
 
@@ -186,6 +186,17 @@ class FlowClaimRow(NamedTuple):
         return ClaimRow(*self[:-1])  # type: ignore[arg-type]  # (id not NULL: all set)
 
 
+class Allocation(NamedTuple):
+    """flow_allocate's answer: what the member's claims may fill, and what every count of
+    the queue adds for the member (migration 0025)."""
+
+    ceiling: int
+    places: int
+
+
+ClaimPath = Literal["plain", "allocated", "fair", "limited"]
+
+
 class ClaimKey(NamedTuple):
     """A job's place in claim order: job_claim starts after it (see the producer)."""
 
@@ -360,17 +371,32 @@ class JobStatements(Rendered):
         records = await conn.fetch(self.sql("job_claim_fair"), queue, limit, member_id, lease)
         return rows_of(ClaimRow, records)
 
-    @statement("queue_fair_only_get")
-    async def queue_fair_only_get(self, conn: Conn, queue: str) -> bool:
-        """Whether the queue claims through job_claim_fair."""
-        fair_only: bool = await conn.fetchval(self.sql("queue_fair_only_get"), queue)
-        return fair_only
+    @statement("flow_allocate")
+    async def flow_allocate(
+        self, conn: Conn, queue: str, member_id: str, ended: Sequence[int], more: int
+    ) -> Allocation | None:
+        """The member's allocation made anew (None: the queue is not reservable)."""
+        row = await conn.fetchrow(self.sql("flow_allocate"), queue, member_id, list(ended), more)
+        allocation = row_of(Allocation, row)
+        return None if allocation is None or allocation.ceiling is None else allocation
 
-    @statement("queue_reservable_get")
-    async def queue_reservable_get(self, conn: Conn, queue: str) -> bool:
-        """Whether the queue claims through flow_reserve and job_claim_reserved."""
-        reservable: bool = await conn.fetchval(self.sql("queue_reservable_get"), queue)
-        return reservable
+    @statement("job_claim_allocated")
+    async def job_claim_allocated(
+        self, conn: Conn, queue: str, limit: int, member_id: str, lease: timedelta,
+        ended: Sequence[int], after_priority: int | None = None,
+        after_run_at: datetime | None = None, after_id: int | None = None,
+    ) -> list[FlowClaimRow]:  # fmt: skip
+        records = await conn.fetch(
+            self.sql("job_claim_allocated"), queue, limit, member_id, lease, list(ended),
+            after_priority, after_run_at, after_id,
+        )  # fmt: skip
+        return rows_of(FlowClaimRow, records)
+
+    @statement("queue_claim_path_get")
+    async def queue_claim_path_get(self, conn: Conn, queue: str) -> ClaimPath:
+        """Which claim statement the queue takes."""
+        path: ClaimPath = await conn.fetchval(self.sql("queue_claim_path_get"), queue)
+        return path
 
     @statement("queue_flow_get")
     async def queue_flow_get(self, conn: Conn, queue: str) -> bool:

@@ -19,6 +19,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 
 import anyio
 import asyncpg
@@ -121,12 +122,14 @@ class Fleet:
         done: Callable[[], Awaitable[bool]],
         batch: int = 4,
         loop: int | None = None,
+        allocating: bool = False,
     ) -> None:
         """As a member claims: a handler's end is noted at once (on the database's clock)
         and its fence passed to the next claims as ended; its record is written later,
         several ends at a time. With a `loop` (the member's claim loop): through
         flow_reserve and job_claim_reserved every other claim (so that both paths race),
-        else job_claim_flow."""
+        else job_claim_flow. Allocating: within the member's allocation (flow_allocate
+        every few claims, job_claim_allocated), as members claim such a queue."""
         conn = await asyncpg.connect(self.dsn)
         rng = random.Random(member)
         ended: dict[int, tuple[asyncpg.Record, datetime, datetime]] = {}  # by fence
@@ -135,7 +138,20 @@ class Fleet:
             while ended or not await done():
                 wanted = rng.randint(1, batch)
                 turn += 1
-                if loop is not None and turn % 2:
+                if allocating:
+                    if turn % 3 == 1:
+                        allocation = await conn.fetchrow(
+                            self.q.sql("flow_allocate"), queue, member, list(ended), wanted
+                        )
+                        assert allocation["ceiling"] is not None, "the queue is reservable"
+                    rows = await conn.fetch(
+                        self.q.sql("job_claim_allocated"), queue, wanted, member, LEASE,
+                        list(ended), None, None, None,
+                    )  # fmt: skip
+                    self.throttled += sum(1 for row in rows if row["id"] is None)
+                    jobs = [row for row in rows if row["id"] is not None]
+                    assert len(jobs) <= wanted
+                elif loop is not None and turn % 2:
                     places = await conn.fetchval(
                         self.q.sql("flow_reserve"), queue, wanted, member, list(ended), loop
                     )
@@ -234,6 +250,7 @@ RACES = [
     ("queue", "ends_first"),
     ("kind", "ends_first"),
     ("queue", "reserving"),
+    ("queue", "allocating"),
 ]
 
 
@@ -258,9 +275,20 @@ async def test_global_concurrency_is_never_exceeded_by_racing_claimers(
     done = _none_left(conn, schema)
     async with anyio.create_task_group() as tg:
         for n in range(5):
-            member = f"member-{n // 2}" if how == "reserving" else f"member-{n}"
+            member = f"member-{n // 2}" if how in ("reserving", "allocating") else f"member-{n}"
             if how == "reserving":  # two claim loops per member
                 tg.start_soon(fleet.claim_ending_first, "limited", member, done, 4, n % 2)
+            elif how == "allocating":  # two claim loops per member, and one that reserves
+                if n == 4:
+                    tg.start_soon(fleet.claim_ending_first, "limited", "old", done, 4, 0)
+                else:
+                    tg.start_soon(
+                        partial(fleet.claim_ending_first, allocating=True),
+                        "limited",
+                        member,
+                        done,
+                        4,
+                    )
             elif ends_first:
                 tg.start_soon(fleet.claim_ending_first, "limited", member, done)
             else:
@@ -763,3 +791,53 @@ async def test_a_job_claimed_from_a_limited_queue_carries_its_trace_and_dependen
     assert row["id"] == traced
     assert json.loads(row["trace_context"]) == carrier
     assert list(row["depends_on"]) == [first]
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    more=st.none() | EDGE_WANTED,
+    wanted=st.none() | EDGE_WANTED,
+    ended=EDGE_FENCES,
+    expired=st.booleans(),
+)
+async def test_an_allocation_holds_its_members_claims_whatever_they_are_told(
+    conn: asyncpg.Connection, schema: str, fleet: Fleet, more: int | None,
+    wanted: int | None, ended: list[int] | None, expired: bool,
+) -> None:  # fmt: skip
+    """flow_allocate's `more` and job_claim_allocated's `wanted` (migration 0025) at their
+    edges (NULL, negative, zero, int32-extreme), with any `ended`, while another member
+    holds one place and a member without an allocation runs one job: the ceiling never
+    passes the room they leave, a claim never passes the ceiling nor what it asked for,
+    and the running jobs stay within the limit. An expired allocation deleted by another
+    member's count takes nothing."""
+    await conn.execute(f"TRUNCATE {schema}.job, {schema}.flow_reservation")
+    await _set_limits(conn, schema, q=QueueConfig(global_concurrency=4))
+    for _ in range(8):
+        await _enqueue(conn, fleet.q, "work", "q")
+    allocate, claim = fleet.q.sql("flow_allocate"), fleet.q.sql("job_claim_allocated")
+    other = await conn.fetchrow(allocate, "q", "other", [], 1)
+    assert tuple(other) == (1, 1)
+    assert [r["id"] is not None for r in await conn.fetch(claim, "q", 1, "other", LEASE, [],
+                                                          None, None, None)] == [True]  # fmt: skip
+    old = await conn.fetch(fleet.q.sql("job_claim_flow"), "q", 1, "old", LEASE, [])
+    assert [r["id"] is not None for r in old] == [True]
+    mine = await conn.fetchrow(allocate, "q", "m", ended, more)
+    assert 0 <= mine["ceiling"] <= 2 and mine["places"] == mine["ceiling"]
+    assert mine["ceiling"] == min(max(more or 0, 0), 2)
+    if expired:
+        await conn.execute(
+            f"UPDATE {schema}.flow_reservation SET expires_at = clock_timestamp() - interval '1 s'"
+            " WHERE claimer = 'm'"
+        )  # fmt: skip
+        assert tuple(await conn.fetchrow(allocate, "q", "other", [], 0)) == (1, 1)
+    rows = await conn.fetch(claim, "q", wanted, "m", LEASE, ended, None, None, None)
+    taken = [r for r in rows if r["id"] is not None]
+    allowed = 0 if expired else mine["ceiling"]
+    assert len(taken) == min(max(wanted or 0, 0), allowed)
+    assert [r["held_by"] for r in rows if r["id"] is None] == (
+        ["global_concurrency"] if wanted is not None and wanted > allowed else []
+    )
+    running = await conn.fetchval(f"SELECT count(*) FROM {schema}.job WHERE state = 'running'")
+    assert running == 2 + len(taken) <= 4

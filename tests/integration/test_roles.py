@@ -104,6 +104,9 @@ ROLE_MATRIX |= {
     "function fair_scan_range(text,integer)": _LEADER,
     "function fair_tag_fill(text)": _LEADER,
     "function fair_best_of_tenants(text,bigint[],double precision)": _LEADER,
+    "function flow_allocate(text,text,bigint[],integer)": _LEADER,
+    "function job_claim_allocated(text,integer,text,interval,bigint[],smallint,"
+    "timestamp with time zone,bigint)": _LEADER,
     "function job_reject_group_key(text,integer,integer)": _INTERNAL,
     "function dead_group_key(text,text)": {
         "producer": NONE,
