@@ -31,7 +31,7 @@ import math
 import time
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Protocol
+from typing import Protocol, cast
 
 import anyio
 import asyncpg
@@ -364,7 +364,7 @@ class Producer:
         await anyio.sleep(FLOW_GATHER_S)
 
     async def _read_flow(self, conn: asyncpg.Connection) -> None:
-        path = await self.q.queue_claim_path_get(conn, self.queue)
+        path = cast(ClaimPath, await self.q.queue_claim_path_get(conn, self.queue))
         self._flow_read_at = time.monotonic()
         if path in ("allocated", "limited"):  # (a fair-only claim waits for no room)
             self.workers.own_ends = self.completer.track_ends(self.queue, self.wakeup)

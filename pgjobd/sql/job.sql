@@ -192,24 +192,12 @@ RETURNING j.id, j.fence, j.kind, j.queue, j.attempt, j.max_attempts, j.crashes, 
 -- name: job_claim_fair
 -- job_claim for a queue whose only limit is fair = true, without the queue's lock: the
 -- lowest virtual start tags first (start-time fair queuing, migration 0024). Nothing for
--- any other queue (queue_fair_only_get says which).
+-- any other queue (queue_claim_path_get says which).
 -- $1 queue, $2 limit, $3 member id, $4 lease
 SELECT c.id, c.fence, c.kind, c.queue, c.attempt, c.max_attempts, c.crashes, c.priority,
        c.tenant, c.enqueued_at, c.scheduled_at, c.args, c.waited_s, c.depends_on,
        c.after_jobs, c.blockers_failed, c.trace_context
 FROM {{schema}}.job_claim_fair($1, $2, $3, $4::interval) AS c;
-
--- name: queue_fair_only_get
--- Whether queue $1 claims through job_claim_fair (fair, and no other limit of its own or
--- of any kind: migration 0024).
--- $1 queue
-SELECT {{schema}}.queue_fair_only($1) AS fair_only;
-
--- name: queue_reservable_get
--- Whether queue $1 claims through flow_reserve and job_claim_reserved (its only limit
--- a global_concurrency: migration 0021).
--- $1 queue
-SELECT {{schema}}.queue_reservable($1) AS reservable;
 
 -- name: flow_allocate
 -- Member $2's allocation of queue $1's global_concurrency, made anew for its running

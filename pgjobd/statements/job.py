@@ -393,9 +393,9 @@ class JobStatements(Rendered):
         return rows_of(FlowClaimRow, records)
 
     @statement("queue_claim_path_get")
-    async def queue_claim_path_get(self, conn: Conn, queue: str) -> ClaimPath:
-        """Which claim statement the queue takes."""
-        path: ClaimPath = await conn.fetchval(self.sql("queue_claim_path_get"), queue)
+    async def queue_claim_path_get(self, conn: Conn, queue: str) -> str:
+        """Which claim statement the queue takes (a ClaimPath)."""
+        path: str = await conn.fetchval(self.sql("queue_claim_path_get"), queue)
         return path
 
     @statement("queue_flow_get")

@@ -337,7 +337,7 @@ async def test_only_a_queue_limited_by_its_global_concurrency_alone_reserves(
 ) -> None:
     await _set_limits(conn, schema, q=QueueConfig(global_concurrency=3))
     await _enqueue(conn, fleet.q, "work", "q")
-    assert await conn.fetchval(fleet.q.sql("queue_reservable_get"), "q")
+    assert await conn.fetchval(fleet.q.sql("queue_claim_path_get"), "q") == "allocated"
     reserve, claim = fleet.q.sql("flow_reserve"), fleet.q.sql("job_claim_reserved")
     assert await conn.fetchval(reserve, "q", 1, "m", [], 0) == 1
     if other_limit == "rate_limit":
@@ -349,7 +349,7 @@ async def test_only_a_queue_limited_by_its_global_concurrency_alone_reserves(
                            "VALUES ('other', 'x', 1)")  # fmt: skip
     else:
         await conn.execute(f"UPDATE {schema}.queue SET paused = true WHERE name = 'q'")
-    assert not await conn.fetchval(fleet.q.sql("queue_reservable_get"), "q")
+    assert await conn.fetchval(fleet.q.sql("queue_claim_path_get"), "q") != "allocated"
     # A reservation made before takes nothing once the queue needs the whole claim.
     assert await conn.fetch(claim, "q", "m", LEASE, 0, 1) == []
     assert await conn.fetchval(reserve, "q", 1, "m", [], 0) is None
