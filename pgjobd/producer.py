@@ -42,7 +42,7 @@ from pgjobd.errors import retry_later
 from pgjobd.model import ClaimedJob
 from pgjobd.notifier import Wakeup
 from pgjobd.queries import Queries
-from pgjobd.statements.job import Allocation, ClaimKey, ClaimPath, ClaimRow, FlowClaimRow
+from pgjobd.statements.job import ClaimKey, ClaimPath, ClaimRow, FlowClaimRow
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,6 @@ class Producer:
         self.claimed = 0
         self.cursor = ClaimCursor()  # job_claim's start (queues without flow control)
         self.path: ClaimPath | None = None  # which claim statement: None, not read yet
-        self.allocation: Allocation | None = None  # the member's, when path == "allocated"
         self._allocated_at = -math.inf
         self._allocation_short = False  # the last claim found the allocation too small
         self._flow_read_at = -math.inf
@@ -302,14 +301,12 @@ class Producer:
             ), []
         own = self.workers.own_ends
         ended = list(own.fences) if own is not None else []
+        flow_rows = None
         if self.path == "allocated":
             flow_rows = await self._claim_allocated(conn, limit, ended)
             if flow_rows is None:
                 self.path = "limited"  # a limit or groups since: the whole claim from now on
-                flow_rows = await self.q.job_claim_flow(
-                    conn, self.queue, limit, self.member_id, self.lease, ended
-                )
-        else:
+        if flow_rows is None:
             flow_rows = await self.q.job_claim_flow(
                 conn, self.queue, limit, self.member_id, self.lease, ended
             )
@@ -325,11 +322,7 @@ class Producer:
         since = time.monotonic() - self._allocated_at
         if since >= ALLOCATE_RENEW_S or (self._allocation_short and since >= ALLOCATE_EVERY_S):
             self._allocated_at = time.monotonic()
-            self.allocation = None  # (should the answer not come: it may have committed)
-            self.allocation = await self.q.flow_allocate(
-                conn, self.queue, self.member_id, ended, limit
-            )
-            if self.allocation is None:
+            if await self.q.flow_allocate(conn, self.queue, self.member_id, ended, limit) is None:
                 return None
         after = self.cursor.start() or (None, None, None)
         rows = await self.q.job_claim_allocated(
