@@ -841,3 +841,58 @@ async def test_an_allocation_holds_its_members_claims_whatever_they_are_told(
     )
     running = await conn.fetchval(f"SELECT count(*) FROM {schema}.job WHERE state = 'running'")
     assert running == 2 + len(taken) <= 4
+
+
+async def test_an_allocation_made_while_its_members_other_loop_claims_counts_that_claim(
+    dsn: str, conn: asyncpg.Connection, schema: str, fleet: Fleet
+) -> None:
+    """A member's allocation shrinks (another member starving) while its other claim
+    loop's claim, made within the old ceiling, is in flight. The new allocation's
+    `places` must still cover what that claim took once it commits, or the starving
+    member is given room the first one is using. Migration 0025 counted the member's
+    jobs before it waited for the claim (places 5 against 8 running, and the other
+    member then claimed 5 of a width of 10); 0026 locks the allocation first."""
+    await _set_limits(conn, schema, q=QueueConfig(global_concurrency=10))
+    for _ in range(20):
+        await _enqueue(conn, fleet.q, "work", "q")
+    allocate, claim = fleet.q.sql("flow_allocate"), fleet.q.sql("job_claim_allocated")
+    assert tuple(await conn.fetchrow(allocate, "q", "a", [], 10)) == (10, 10)
+    assert tuple(await conn.fetchrow(allocate, "q", "b", [], 10)) == (0, 0)  # b starves
+
+    claiming = await asyncpg.connect(dsn)
+    renewing = await asyncpg.connect(dsn)
+    try:
+        in_flight = claiming.transaction()
+        await in_flight.start()
+        taken = await claiming.fetch(claim, "q", 8, "a", LEASE, [], None, None, None)
+        assert len([r for r in taken if r["id"] is not None]) == 8
+        renewal_pid = renewing.get_server_pid()
+        async with anyio.create_task_group() as tg:
+            renewed: list[asyncpg.Record] = []
+
+            async def renew() -> None:
+                renewed.append(await renewing.fetchrow(allocate, "q", "a", [], 10))
+
+            tg.start_soon(renew)
+            # The renewal waits for the claim's row lock (with either migration: 0025's
+            # upsert, 0026's lock before the count).
+            with anyio.fail_after(10):
+                while await conn.fetchval(  # noqa: ASYNC110
+                    "SELECT wait_event_type IS DISTINCT FROM 'Lock' FROM pg_stat_activity "
+                    "WHERE pid = $1",
+                    renewal_pid,
+                ):
+                    await anyio.sleep(0.01)
+            await in_flight.commit()
+    finally:
+        await claiming.close()
+        await renewing.close()
+    [allocation] = renewed
+    assert allocation["ceiling"] == 5  # an equal share: b wants places
+    assert allocation["places"] == 8, allocation  # what a runs counts until it ends
+    given_b = await conn.fetchrow(allocate, "q", "b", [], 10)
+    assert given_b["ceiling"] == 2
+    claimed_b = await conn.fetch(claim, "q", 10, "b", LEASE, [], None, None, None)
+    assert len([r for r in claimed_b if r["id"] is not None]) == 2
+    running = await conn.fetchval(f"SELECT count(*) FROM {schema}.job WHERE state = 'running'")
+    assert running == 10
