@@ -129,6 +129,16 @@ CASES = [
 ]
 
 
+# A queue whose only limit is its global_concurrency claims within the member's standing
+# allocation (migration 0025): its plans are checked where an allocation exists.
+ALLOCATED_CLAIM = Case(
+    "job_claim_allocated",
+    lambda s: (QUEUE, BATCH, "planner", timedelta(seconds=30), [], None, None, None),
+    (("job_running_idx",), ("job_claim_idx",), ("job_pkey",)),
+    nested=True,
+)
+
+
 def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
     yield plan
     for child in plan.get("Plans", ()):
@@ -384,14 +394,16 @@ async def _analyse_while_empty(conn: asyncpg.Connection, schema: str) -> None:
     await conn.execute(f"ALTER TABLE {schema}.job SET (autovacuum_enabled = false)")
 
 
-@pytest.mark.parametrize("limits", ["global_concurrency", "fair"])
+@pytest.mark.parametrize("limits", ["global_concurrency", "fair", "allocated"])
 async def test_a_flow_claim_planned_on_an_empty_table_still_updates_its_rows_by_id(
     conn: asyncpg.Connection, schema: str, limits: str
 ) -> None:
     """A session's plans outlive the statistics they were made from: with the job table
     analysed while empty (a new queue, or autovacuum after a queue drained) and then
     filled, job_claim_flow's update must still find its rows through job_pkey, not by
-    reading all of job_claim_idx (migration 0023; before it, about 120 buffers a row)."""
+    reading all of job_claim_idx (migration 0023; before it, about 120 buffers a row).
+    "allocated": the same for job_claim_allocated (migration 0025), whose LIMIT is a
+    PL/pgSQL variable (the member's room in its allocation)."""
     await _analyse_while_empty(conn, schema)
     config = QueueConfig(global_concurrency=1000, fair=limits == "fair")
     await write_queue_limits(conn, for_schema(schema), {QUEUE: config}, "planner")
@@ -410,9 +422,19 @@ async def test_a_flow_claim_planned_on_an_empty_table_still_updates_its_rows_by_
             "SET LOCAL auto_explain.log_analyze = on; SET LOCAL auto_explain.log_buffers = on; "
             "SET LOCAL auto_explain.log_format = json; SET LOCAL auto_explain.log_level = notice"
         )
-        claimed = await for_schema(schema).job_claim_flow(
-            conn, QUEUE, BATCH, "planner", timedelta(seconds=30), []
-        )
+        q = for_schema(schema)
+        if limits == "allocated":
+            assert await q.flow_allocate(conn, QUEUE, "planner", [], BATCH) is not None
+            # The plan of the claim runs under test: the allocation's own statements
+            # would add notices of their own.
+            notices.clear()
+            claimed = await q.job_claim_allocated(
+                conn, QUEUE, BATCH, "planner", timedelta(seconds=30), []
+            )
+        else:
+            claimed = await q.job_claim_flow(
+                conn, QUEUE, BATCH, "planner", timedelta(seconds=30), []
+            )
     assert len([row for row in claimed if row.id is not None]) == BATCH
     plans = [json.loads(n.partition("plan:")[2])["Plan"] for n in notices if "plan:" in n]
     updates = [
@@ -425,8 +447,16 @@ async def test_a_flow_claim_planned_on_an_empty_table_still_updates_its_rows_by_
     ]
     assert len(updates) == 1, [p["Node Type"] for p in plans]
     update = updates[0]
-    assert {n.get("Index Name") for n in _nodes(update)} & {"job_pkey"}, json.dumps(update)
-    assert "job_claim_idx" not in {n.get("Index Name") for n in _nodes(update)}
+    # (job_claim_allocated picks its jobs in the update's own statement, a CTE read in
+    # claim order through job_claim_idx: the rows' lookup is the rest of the plan.)
+    lookup = [
+        node
+        for child in update.get("Plans", ())
+        if child.get("Subplan Name") != "CTE picked"
+        for node in _nodes(child)
+    ]
+    assert {n.get("Index Name") for n in lookup} & {"job_pkey"}, json.dumps(update)
+    assert "job_claim_idx" not in {n.get("Index Name") for n in lookup}, json.dumps(update)
     touched = update["Shared Hit Blocks"] + update["Shared Read Blocks"]
     assert touched < 25 * BATCH, touched
 
@@ -466,7 +496,7 @@ async def test_admin_actions_planned_on_an_empty_table_find_their_jobs_by_id(
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
-@pytest.mark.parametrize("statement", ["job_claim", "job_claim_reserved"])
+@pytest.mark.parametrize("statement", ["job_claim", "job_claim_reserved", "job_claim_allocated"])
 async def test_a_claim_updates_its_rows_by_id_whatever_the_queues_backlog(
     conn: asyncpg.Connection, schema: str, statement: str, generic: bool
 ) -> None:
@@ -475,7 +505,7 @@ async def test_a_claim_updates_its_rows_by_id_whatever_the_queues_backlog(
     reservation), and the planner then expects a tenth of the queue's backlog. With a
     20,000-job backlog it joined the picked ids to a scan of the whole hot table."""
     q = for_schema(schema)
-    if statement == "job_claim_reserved":
+    if statement != "job_claim":
         config = QueueConfig(global_concurrency=1000)
         await write_queue_limits(conn, q, {QUEUE: config}, "planner")
     await conn.execute(
@@ -485,8 +515,15 @@ async def test_a_claim_updates_its_rows_by_id_whatever_the_queues_backlog(
     await conn.execute(f"ANALYZE {schema}.job")
     if statement == "job_claim_reserved":
         assert await q.flow_reserve(conn, QUEUE, BATCH, "planner", [], 0) == BATCH
-    case = next(c for c in CASES if c.statement == statement)
-    plan = await _plan(conn, q.sql(case.statement), case.args({}), generic=generic, analyze=True)
+    if statement == "job_claim_allocated":
+        # Room for two batches: _plan runs the claim twice (EXPLAIN ANALYZE, and again
+        # for the plans inside the function), in one transaction.
+        assert await q.flow_allocate(conn, QUEUE, "planner", [], 2 * BATCH) is not None
+    case = next(c for c in [*CASES, ALLOCATED_CLAIM] if c.statement == statement)
+    plan = await _plan(
+        conn, q.sql(case.statement), case.args({}), generic=generic, analyze=True,
+        nested=case.nested,
+    )  # fmt: skip
     assert plan["Actual Rows"] == BATCH
     big = await _big_relations(conn, schema)
     assert "job" in big
