@@ -126,8 +126,10 @@ async def claim_loop(dsn: str, statement: str, q: Queries, out: list[float]) -> 
     done = 0
     empty = 0
     args: tuple[object, ...] = ("bench", 50, f"m{id(out)}", LEASE)
-    if "$5::bigint[]" in statement:
-        args += ([],)  # nothing ended and unrecorded
+    # The rest by type: no ended and unrecorded jobs (job_claim_flow's fences), no claim
+    # cursor (job_claim's last position), so the claim starts at the queue's head.
+    rest = (await conn.prepare(statement)).get_parameters()[len(args) :]
+    args += tuple([] if parameter.name == "_int8" else None for parameter in rest)
     try:
         while empty < 3:
             started = time.perf_counter()
