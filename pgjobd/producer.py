@@ -168,13 +168,12 @@ class Producer:
         """Run CLAIMERS claim loops. Two loops overlap one claim's round trip with the
         next, so freed slots don't sit idle while a claim is in flight; slots are
         reserved before a claim, so together they never claim more than is free. Under
-        flow control only the first claims, unless the queue claims through reservations
-        (see _claim_flow): whole claims queue for the queue's lock fleet-wide, and a
-        second loop of the same member only waits there (and comes back empty more
-        often: measured with bench/flow.py, global_50, 4,282 jobs/s with one loop
-        against 3,470 with two, medians of 3); reservations hold the lock only to count
-        (two loops: 4,609, 3,743, 3,718, 4,332 against one: 3,813, 3,483, 3,655, 4,159,
-        alternating)."""
+        flow control only the first claims, unless the queue's claims leave the queue's
+        lock alone (an allocation's or a fair-only queue's, see _claim_flow): whole
+        claims under the lock queue for it fleet-wide, and a second loop of the same
+        member only waits there (and comes back empty more often: measured with
+        bench/flow.py, global_50 before migration 0025, 4,282 jobs/s with one loop
+        against 3,470 with two, medians of 3)."""
         async with anyio.create_task_group() as tg:
             for loop in range(CLAIMERS):
                 tg.start_soon(self._claim_loop, loop)
@@ -227,7 +226,7 @@ class Producer:
                 with anyio.CancelScope(shield=True) as scope:
                     self._in_flight.add(scope)
                     try:
-                        jobs = await self.claim(limit, loop)
+                        jobs = await self.claim(limit)
                         await self.workers.submit_many(jobs)
                     finally:
                         self._in_flight.discard(scope)
@@ -260,13 +259,13 @@ class Producer:
                 await self.wakeup.wait(poll_s)
                 poll_s = min(poll_s * 2, MAX_POLL_S)
 
-    async def claim(self, limit: int, loop: int = 0) -> list[ClaimedJob]:
+    async def claim(self, limit: int) -> list[ClaimedJob]:
         started = time.perf_counter()
         async with db.acquire(self.pool) as conn:
             if self.flow is None:
                 await self._read_flow(conn)
             if self.flow:
-                rows, held = await self._claim_flow(conn, limit, loop)
+                rows, held = await self._claim_flow(conn, limit)
                 self.throttled = bool(held)
                 metrics.record_throttled(self.queue, [h for h in held if h is not None])
             else:
@@ -288,7 +287,7 @@ class Producer:
         return [row.claimed_job() for row in rows]
 
     async def _claim_flow(
-        self, conn: asyncpg.Connection, limit: int, loop: int
+        self, conn: asyncpg.Connection, limit: int
     ) -> tuple[list[ClaimRow], list[str | None]]:
         """A claim under flow control, and the limits that held jobs back. A queue whose
         only limit is its global_concurrency claims within the member's allocation of it
