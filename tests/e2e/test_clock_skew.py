@@ -145,9 +145,12 @@ async def test_a_member_hours_off_leases_retries_fires_cron_and_rotates_by_the_d
         ),
         what="the held jobs running",
     )
+    # (A renewal whose transaction began just after this statement's now() and committed
+    # before its snapshot leaves a little more than the lease: half a second of slack,
+    # against hours of skew.)
     for row in running:
         assert row["owner"] == member_id
-        assert timedelta(0) < row["left"] <= timedelta(seconds=2), row["left"]
+        assert timedelta(0) < row["left"] <= timedelta(seconds=2.5), row["left"]
 
     # Backoff: Retry(after="2s") is two seconds of the database's clock.
     retried = await conn.fetchval(f"SELECT {schema}.enqueue('retries_after_2s')")
