@@ -55,7 +55,8 @@ async def explain_job_path(admin: asyncpg.Connection, client: Client, schema: st
     ids, fences = [r.id for r in claimed], [r.fence for r in claimed]
     term = await q.leader_term_begin(admin, "bench-explain")
     statements: list[tuple[str, tuple[Any, ...]]] = [
-        ("job_claim", (queue, EXPLAIN_BATCH, "bench-explain", lease)),
+        # No claim cursor ($5-$7 NULL): from the queue's head, as a member's first claim.
+        ("job_claim", (queue, EXPLAIN_BATCH, "bench-explain", lease, None, None, None)),
         ("job_complete_many", (ids, fences, [None] * len(ids), [True] * len(ids))),
         ("job_reap_expired", (term, timedelta(0), EXPLAIN_BATCH, [queue], [3], 3, "f")),
         ("job_promote_due", (EXPLAIN_BATCH,)),

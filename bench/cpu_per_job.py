@@ -188,9 +188,8 @@ def main() -> None:
 
         base_m = statistics.median(value(r) for r in results["baseline"])
         this_m = statistics.median(value(r) for r in results["this"])
-        print(
-            f"  {role:<11} baseline {base_m:6.3f}  this {this_m:6.3f}  ratio {this_m / base_m:5.2f}"
-        )
+        ratio = f"{this_m / base_m:5.2f}" if base_m else "  n/a"  # no tick: a short drain
+        print(f"  {role:<11} baseline {base_m:6.3f}  this {this_m:6.3f}  ratio {ratio}")
     ratios = [sum(t[x] for x in ROLES) / sum(b[x] for x in ROLES)
               for t, b in zip(results["this"], results["baseline"], strict=True)]  # fmt: skip
     print(f"  total ratio per rep: {', '.join(f'{r:.2f}' for r in ratios)} (target <= 0.6)")

@@ -1,7 +1,7 @@
 """What the parts of a fair claim cost (issue 12): the claim, timed alone, with one part
 at a time replaced by something that costs next to nothing.
 
-One session claims 20,000 no-op jobs of 100 tenants in a fair queue (set up as
+One session claims ``--n`` (20,000) no-op jobs of 100 tenants in a fair queue (set up as
 ``bench/flow.py``'s claim part does: marked by the member's write), ``--want`` at a
 time, completing each claim's jobs, nothing else running; then the same with:
 
@@ -16,7 +16,8 @@ Variants interleave per repetition. The replaced functions are wrong in general 
 right for this data only (the bench's schema is dropped at the end). Printed: the
 claim's p50 and p90 in ms per variant, the medians over the reps.
 
-    .venv/bin/python bench/fair_claim_parts.py [--reps 3] [--want 25] [--dsn DSN | --private]
+    .venv/bin/python bench/fair_claim_parts.py [--reps 3] [--want 25] [--n 20000]
+        [--dsn DSN | --private]
 """
 
 from __future__ import annotations
@@ -45,11 +46,11 @@ VARIANTS = {"fair": [], "no_fill": [NO_FILL], "no_scan": [NO_SCAN],
             "neither": [NO_FILL, NO_SCAN], "tenants": []}  # fmt: skip
 
 
-async def one_run(dsn: str, variant: str, want: int) -> list[float]:
+async def one_run(dsn: str, variant: str, want: int, n: int) -> list[float]:
     conn = await flow.fresh_schema(dsn)
     try:
         q = for_schema(flow.SCHEMA)
-        await flow.setup_claim(conn, "tenants" if variant == "tenants" else "fair", 20_000)
+        await flow.setup_claim(conn, "tenants" if variant == "tenants" else "fair", n)
         for statement in VARIANTS[variant]:
             await conn.execute(statement.format(s=flow.SCHEMA))
         seconds: list[float] = []
@@ -74,13 +75,14 @@ async def main(args: argparse.Namespace) -> None:
     p90s: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for rep in range(args.reps):
         for variant in VARIANTS:
-            seconds = await one_run(args.dsn, variant, args.want)
+            seconds = await one_run(args.dsn, variant, args.want, args.n)
             cuts = statistics.quantiles(seconds, n=10)
             p50s[variant].append(statistics.median(seconds) * 1000)
             p90s[variant].append(cuts[8] * 1000)
             print(f"  rep {rep + 1} {variant:8s} p50 {p50s[variant][-1]:.2f} ms", flush=True)
     base = statistics.median(p50s["fair"])
-    print(f"\nfair claim of {args.want}, 100 tenants, 20,000 jobs, one session, {args.reps} reps")
+    print(f"\nfair claim of {args.want}, 100 tenants, {args.n:,} jobs, one session, "
+          f"{args.reps} reps")  # fmt: skip
     print(f"{'variant':8s} {'p50 ms':>8s} {'p90 ms':>8s} {'of fair':>8s}")
     for variant in VARIANTS:
         p50 = statistics.median(p50s[variant])
@@ -92,4 +94,5 @@ if __name__ == "__main__":
     add_server_options(parser, "postgresql://root@127.0.0.1:5432/test")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--want", type=int, default=25)
+    parser.add_argument("--n", type=int, default=20_000, help="jobs claimed per run")
     run_on_server(parser.parse_args(), main)

@@ -8,7 +8,8 @@ Creates schema ``bench_soak`` (migrated fresh) and drops it at the end.
 2. Soak: one ``pgjobd run`` member for ``--minutes`` (30); a producer in this process
    enqueues (enqueue_many, every 0.1 s) at ``--load`` (0.5) of that capacity, a mix of
    80 % no-op jobs, 8 % that fail their first attempt (Retry after 1 s), 7 % that snooze
-   for 1 s half of the time, and 5 % scheduled 5 to 60 s ahead (bench/handlers/soak.py).
+   for 1 s half of the time, and 5 % scheduled 5 to ``--ahead-s`` (60) s ahead
+   (bench/handlers/soak.py).
    Every 10 s it samples: jobs finished in the interval (job_history rows by
    finished_at, on the database clock), available jobs, the hot table's
    pg_total_relation_size and its dead rows (pg_stat_user_tables), the member's RSS
@@ -84,7 +85,7 @@ def rss_bytes(pid: int) -> int:
     return total
 
 
-def mixed(count: int, serial: int, rng: random.Random) -> list[JobSpec]:
+def mixed(count: int, serial: int, rng: random.Random, ahead_s: float = 60.0) -> list[JobSpec]:
     jobs = []
     for i in range(serial, serial + count):
         draw = rng.random()
@@ -95,15 +96,16 @@ def mixed(count: int, serial: int, rng: random.Random) -> list[JobSpec]:
         elif draw < 0.95:
             jobs.append(JobSpec("bench_soak_snooze", {"i": i}))
         else:
-            ahead = timedelta(seconds=rng.uniform(5, 60))
+            ahead = timedelta(seconds=rng.uniform(5, ahead_s))
             jobs.append(JobSpec("bench_noop", {"i": i}, run_at=datetime.now(UTC) + ahead))
     return jobs
 
 
 class Producer:
-    def __init__(self, client: Client, rate: float, seed: int) -> None:
+    def __init__(self, client: Client, rate: float, seed: int, ahead_s: float = 60.0) -> None:
         self.client = client
         self.rate = rate
+        self.ahead_s = ahead_s
         self.enqueued = 0
         self.rng = random.Random(seed)
         self.stop = asyncio.Event()
@@ -113,7 +115,7 @@ class Producer:
         while not self.stop.is_set():
             due = int(self.rate * (time.monotonic() - started)) - self.enqueued
             if due > 0:
-                await self.client.enqueue_many(mixed(due, self.enqueued, self.rng))
+                await self.client.enqueue_many(mixed(due, self.enqueued, self.rng, self.ahead_s))
                 self.enqueued += due
             await asyncio.sleep(0.1)
 
@@ -190,7 +192,7 @@ async def main(args: argparse.Namespace) -> bool:
               flush=True)  # fmt: skip
         await admin.execute(f"TRUNCATE {SCHEMA}.job, {SCHEMA}.job_history, "
                             f"{SCHEMA}.job_attempt")  # fmt: skip
-        producer = Producer(client, rate, args.seed)
+        producer = Producer(client, rate, args.seed, args.ahead_s)
         samples: list[Sample] = []
         async with member(args.dsn, rnd, "soak", schema=SCHEMA) as running:
             await h.poll(f"SELECT count(*) FROM {SCHEMA}.member", lambda v: v > 0,
@@ -234,6 +236,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--capacity-n", type=int, default=10_000)
     parser.add_argument("--round", default="2:20:all", help="processes:concurrency:history")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--ahead-s", type=float, default=60.0,
+                        help="scheduled jobs run 5 s to this far ahead (at the end, the run "
+                        "waits for them: tests/bench's smoke runs 5)")  # fmt: skip
     parser.add_argument("--ci", action="store_true", help="assert loose bounds, exit 1 if not")
     return parser.parse_args(argv)
 

@@ -370,8 +370,11 @@ async def drain(h: Harness, client: Client, rnd: Round, n: int, *, dsn: str | No
             f"{ours} ORDER BY finished_at")]  # fmt: skip
         exact = ends[-1] - first
         edge = min(EDGE_JOBS, n // 4)
-        first_rate = edge / (ends[edge - 1] - first)
-        last_rate = edge / (ends[-1] - ends[-edge - 1])
+        # A small drain's edge can end within one completion batch (one finished_at): no
+        # rate then, as for history "none".
+        first_span, last_span = ends[edge - 1] - first, ends[-1] - ends[-edge - 1]
+        first_rate = edge / first_span if first_span > 0 else None
+        last_rate = edge / last_span if last_span > 0 else None
     return Drain(done_at - first, exact, first - running.spawned_at, first_rate, last_rate,
                  wal, xacts, cpu)  # fmt: skip
 
