@@ -306,11 +306,14 @@ class Completer:
             await self._announce_room(conn, others)
         self._count(others, {(r.id, r.fence): r.reason for r in recorded})
 
-    def track_ends(self, queue: str, wakeup: Wakeup) -> OwnEnds:
-        """The OwnEnds of a queue that claims under flow control."""
+    def track_ends(self, queue: str, wakeup: Wakeup, *, announce: bool) -> OwnEnds:
+        """The OwnEnds of a queue that claims under flow control; `announce`: whether its
+        recorded ends are announced to the fleet (room for whole claims under the queue's
+        lock, not for claims within allocations, whose room is each member's own)."""
         ends = self.own_ends.get(queue)
         if ends is None:
             ends = self.own_ends[queue] = OwnEnds(wakeup)
+        ends.announce = announce
         return ends
 
     def untrack_ends(self, queue: str) -> None:
@@ -327,12 +330,16 @@ class Completer:
         """Best effort, after the batch is recorded: should it fail, the batch must not
         be written again (its jobs would count as stale); waiting producers poll."""
         if self.own_ends:
-            queues = {o.job.queue for o in ended} & self.own_ends.keys()
+            queues = {o.job.queue for o in ended if self._announces(o.job.queue)}
             if queues:
                 try:
                     await self.q.queue_room_announce(conn, sorted(queues), self.member_id)
                 except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as e:
                     log.debug("could not announce room in queues %s: %s", sorted(queues), e)
+
+    def _announces(self, queue: str) -> bool:
+        ends = self.own_ends.get(queue)
+        return ends is not None and ends.announce
 
     def _queue(self, outcome: Outcome) -> QueueConfig:
         return self.queues.get(outcome.job.queue) or self.queues["default"]
@@ -429,6 +436,7 @@ class OwnEnds:
     def __init__(self, wakeup: Wakeup) -> None:
         self.fences: set[int] = set()
         self.wakeup = wakeup
+        self.announce = True
 
 
 def _key(outcome: Outcome) -> tuple[int, int]:

@@ -16,7 +16,10 @@ path applies (`queue_claim_path_get`) at its first claim, and again at most ever
 FLOW_RECHECK_S after a claim that came back short. While a limit holds jobs back, it
 claims again FLOW_GATHER_S after one of its own jobs ends (a fleet-wide count leaves out
 a job whose handler has ended here: OwnEnds) or another member announces an end
-(queue_room_announce), or after MIN_POLL_S.
+(queue_room_announce), or after MIN_POLL_S. Within an allocation it claims as it does
+for free slots, the allocation's room standing for them (its ceiling less the jobs the
+member runs): the room is the member's own, so no other member's end is announced or
+waited for, and no claim is made while there is none.
 
 A claim and the hand-over of what it claimed are one step that cancellation does not
 split: once `job_claim` may have committed, the jobs reach the workers (or are given
@@ -72,9 +75,10 @@ FLOW_RECHECK_S = 1.0
 # 6,261 jobs/s; 5 ms 4,975, 6,263, 6,907; 20 ms 5,292, 6,226, 6,733).
 FLOW_GATHER_S = 0.005
 # A member holds an allocation of a global_concurrency (flow_allocate, migration 0025) and
-# claims within it without the queue's lock. It makes the allocation anew when a claim
-# finds it too small, at most every ALLOCATE_EVERY_S (each is a round trip under the
-# queue's lock, fleet-wide), and at least every ALLOCATE_RENEW_S while it claims: the
+# claims within it without the queue's lock. It makes the allocation anew when it is
+# smaller than the member's demand, at most every ALLOCATE_EVERY_S (each is a round trip
+# under the queue's lock, fleet-wide) and less often while it comes back unchanged, and
+# at least every ALLOCATE_RENEW_S while it claims: the
 # allocation expires 5 s after it was made, and the renewal is also where the member
 # learns that another wants a share and gives places back.
 ALLOCATE_EVERY_S = 0.02
@@ -126,6 +130,7 @@ class Workers(Protocol):
 
     def slots(self) -> int: ...
     def free_slots(self) -> int: ...
+    def running(self) -> int: ...
     async def wait_changed(self) -> None: ...
     async def submit_many(self, jobs: Sequence[ClaimedJob]) -> None: ...
 
@@ -159,7 +164,8 @@ class Producer:
         self.cursor = ClaimCursor()  # job_claim's start (queues without flow control)
         self.path: ClaimPath | None = None  # which claim statement: None, not read yet
         self._allocated_at = -math.inf
-        self._allocation_short = False  # the last claim found the allocation too small
+        self._ceiling: int | None = None  # the allocation's ceiling, as last made
+        self._renew_after_s = ALLOCATE_RENEW_S  # the allocation's renewal is due then
         self._flow_read_at = -math.inf
         self.throttled = False  # the last claim was held back by a limit
         self._flow_changed = anyio.Event()  # set (and made anew) as the claim path changes
@@ -197,7 +203,28 @@ class Producer:
         return self.path in ("allocated", "fair")
 
     def _unreserved(self) -> int:
-        return self.workers.free_slots() - self.reserved
+        free = self.workers.free_slots() - self.reserved
+        if self._within_allocation():
+            free = min(free, cast(int, self._ceiling) - self.workers.running() - self.reserved)
+        return free
+
+    def _within_allocation(self) -> bool:
+        """Whether claims are bounded by the member's allocation as last made (until its
+        renewal is due: the renewal's claim asks for every free slot, its demand)."""
+        if self.path != "allocated" or self._ceiling is None:
+            return False
+        return not self._allocation_due()
+
+    def _slots_poll_s(self) -> float:
+        """How long to wait for a change of the workers' slots before looking again: at
+        most until the allocation's renewal is due, when the claim asks for more."""
+        if not self._within_allocation():
+            return MIN_POLL_S
+        due_in_s = self._allocated_at + self._renew_after_s - time.monotonic()
+        return min(MIN_POLL_S, max(0.0, due_in_s))
+
+    def _allocation_due(self) -> bool:
+        return time.monotonic() - self._allocated_at >= self._renew_after_s
 
     async def _claim_loop(self, loop: int) -> None:
         poll_s = MIN_POLL_S
@@ -210,7 +237,7 @@ class Producer:
                 # Bounded: slots another loop reserved and did not fill come back without
                 # a change of the workers' slots, and that loop may then sit out (flow
                 # control), leaving this one to claim them.
-                with anyio.move_on_after(MIN_POLL_S):
+                with anyio.move_on_after(self._slots_poll_s()):
                     await self.workers.wait_changed()
             await self.completer.wait_accepting()
             if saturated:
@@ -253,7 +280,7 @@ class Producer:
             saturated = len(jobs) == limit
             if jobs:
                 poll_s = MIN_POLL_S
-            if self.throttled:
+            if self.throttled and not self._within_allocation():
                 await self._wait_for_room()
             elif not saturated:
                 await self.wakeup.wait(poll_s)
@@ -318,25 +345,44 @@ class Producer:
         """A claim within the member's allocation of the queue's global_concurrency,
         made anew first when due (see ALLOCATE_EVERY_S); None when the queue has other
         limits since."""
-        since = time.monotonic() - self._allocated_at
-        if since >= ALLOCATE_RENEW_S or (self._allocation_short and since >= ALLOCATE_EVERY_S):
+        if self._allocation_due():
             self._allocated_at = time.monotonic()
-            if await self.q.flow_allocate(conn, self.queue, self.member_id, ended, limit) is None:
+            allocation = await self.q.flow_allocate(conn, self.queue, self.member_id, ended, limit)
+            if allocation is None:
                 return None
+            self._allocated(allocation.ceiling, self.workers.running() + limit)
+            if allocation.ceiling <= self.workers.running():
+                return [FlowClaimRow.held_back("global_concurrency")]  # no room: no claim
         after = self.cursor.start() or (None, None, None)
         rows = await self.q.job_claim_allocated(
             conn, self.queue, limit, self.member_id, self.lease, ended, *after
         )
         claimed = [row.claim_row() for row in rows if row.id is not None]
-        self._allocation_short = len(claimed) < len(rows)
-        if not self._allocation_short:
+        if len(claimed) == len(rows):
             self.cursor.took(claimed, limit)
         elif claimed:  # as many as the allocation allowed: a full claim of that many
             self.cursor.took(claimed, len(claimed))
         return rows
 
+    def _allocated(self, ceiling: int, demand: int) -> None:
+        """An allocation of `ceiling` places was made for a demand of `demand`. One short
+        of the demand is renewed sooner (ALLOCATE_EVERY_S), and again later each time it
+        comes back unchanged (up to ALLOCATE_RENEW_S): the other members give places
+        back as their jobs end, after their own renewals, and a member held at its share
+        need not ask the fleet-wide lock fifty times a second."""
+        if ceiling >= demand:
+            self._renew_after_s = ALLOCATE_RENEW_S
+        elif ceiling != self._ceiling:
+            self._renew_after_s = ALLOCATE_EVERY_S
+        else:
+            self._renew_after_s = min(self._renew_after_s * 2, ALLOCATE_RENEW_S)
+        self._ceiling = ceiling
+
     async def _gather_slots(self) -> None:
-        if self.path == "limited":
+        if self._within_allocation():
+            enough = max(1, cast(int, self._ceiling) // BATCH_SHARE)
+            window_s = BATCH_WINDOW_S
+        elif self.path == "limited":
             enough = max(1, self.workers.slots() // FLOW_BATCH_SHARE)
             window_s = FLOW_BATCH_WINDOW_S
         else:
@@ -359,7 +405,9 @@ class Producer:
         path = cast(ClaimPath, await self.q.queue_claim_path_get(conn, self.queue))
         self._flow_read_at = time.monotonic()
         if path in ("allocated", "limited"):  # (a fair-only claim waits for no room)
-            self.workers.own_ends = self.completer.track_ends(self.queue, self.wakeup)
+            self.workers.own_ends = self.completer.track_ends(
+                self.queue, self.wakeup, announce=path == "limited"
+            )
         else:
             self.workers.own_ends = None
             self.completer.untrack_ends(self.queue)
@@ -373,6 +421,7 @@ class Producer:
             )  # fmt: skip
         if path != self.path:
             self._allocated_at = -math.inf
+            self._ceiling, self._renew_after_s = None, ALLOCATE_RENEW_S
             self.path = path
             self._flow_changed.set()
             self._flow_changed = anyio.Event()

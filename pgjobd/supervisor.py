@@ -199,6 +199,10 @@ class QueueWorkers:
             return 0
         return sum(child.free for child in self._children.values())
 
+    def running(self) -> int:
+        """The jobs in flight in these workers (retiring children's too)."""
+        return sum(len(child.held) for child in self._children.values())
+
     async def wait_free(self) -> None:
         """Return when free_slots() > 0."""
         while self.free_slots() <= 0:

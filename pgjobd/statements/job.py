@@ -181,6 +181,11 @@ class FlowClaimRow(NamedTuple):
     trace_context: str | None
     held_by: str | None
 
+    @classmethod
+    def held_back(cls, by: str) -> FlowClaimRow:
+        """The row of a claim that `by` held back and that took nothing."""
+        return cls(*[None] * (len(cls._fields) - 1), by)  # type: ignore[call-arg]
+
     def claim_row(self) -> ClaimRow:
         """A claimed job's row as job_claim returns it (id not NULL)."""
         return ClaimRow(*self[:-1])  # type: ignore[arg-type]  # (id not NULL: all set)

@@ -315,7 +315,7 @@ async def test_a_failed_room_announcement_leaves_the_recorded_batch_alone(world:
     outcomes += [Outcome(j, "failed", error_message="boom") for j in jobs[4:]]
     send, receive = anyio.create_memory_object_stream[Outcome](len(outcomes))
     completer = Completer(world.pool, _AnnounceRefused(world.schema), MEMBER, QUEUES, receive)
-    completer.track_ends("default", Wakeup())
+    completer.track_ends("default", Wakeup(), announce=True)
     async with send:
         for o in outcomes:
             send.send_nowait(o)
@@ -325,12 +325,15 @@ async def test_a_failed_room_announcement_leaves_the_recorded_batch_alone(world:
     assert [await world.state(j.id) for j in jobs] == ["completed"] * 4 + ["retryable"] * 2
 
 
+@pytest.mark.parametrize("announce", [True, False], ids=["whole-claims", "allocations"])
 async def test_the_end_of_a_flow_queues_jobs_is_announced_to_the_other_members(
-    world: World, dsn: str
+    world: World, dsn: str, announce: bool
 ) -> None:
     """queue_room_announce, sent once the ends are recorded, wakes the queue's producers
     on another member's Notifier and not on the announcing member's own (its producers
-    took those places as the jobs ended)."""
+    took those places as the jobs ended). Not for a queue claimed within allocations:
+    an end there makes room for the member that ran it alone, and a wake-up elsewhere
+    would only cost the others a claim that finds no room."""
     config = Config(database=DatabaseConfig(schema=world.schema), dsn=dsn)
     own = Notifier(config, ["default"], MEMBER)
     other = Notifier(config, ["default"], "another-member")
@@ -346,20 +349,22 @@ async def test_the_end_of_a_flow_queues_jobs_is_announced_to_the_other_members(
                 notifier.wakeup("default").clear()
         send, receive = anyio.create_memory_object_stream[Outcome](3)
         completer = Completer(world.pool, world.q, MEMBER, QUEUES, receive)
-        completer.track_ends("default", Wakeup())
+        completer.track_ends("default", Wakeup(), announce=announce)
         async with send:
             for j in jobs:
                 send.send_nowait(Outcome(j, "completed"))
         with anyio.fail_after(60):
             await completer.run()
-            await other.wakeup("default").wait(60)
-            assert other.wakeup("default").is_set()
-            # A notification committed after the announcement reaches the own listener
-            # after it (one session delivers in commit order): once it has, so has that.
-            marker = anyio.Event()
-            own.on_cancel = lambda _job_id: marker.set()
+            # A notification committed after the announcement reaches each listener
+            # after it (notifications are delivered in commit order): once it has, so
+            # has the announcement, if any.
+            markers = {notifier: anyio.Event() for notifier in (own, other)}
+            for notifier, marker in markers.items():
+                notifier.on_cancel = lambda _job_id, marker=marker: marker.set()
             await world.conn.execute(f"NOTIFY \"{world.schema}.job_cancel\", '0'")
-            await marker.wait()
+            for marker in markers.values():
+                await marker.wait()
+        assert other.wakeup("default").is_set() == announce
         assert not own.wakeup("default").is_set()
         tg.cancel_scope.cancel()
     assert [await world.state(j.id) for j in jobs] == ["completed"] * 3
@@ -373,7 +378,7 @@ async def test_a_flow_queues_ended_jobs_are_left_out_of_its_count_until_recorded
     jobs = await world.claimed(4)
     send, receive = anyio.create_memory_object_stream[Outcome](4)
     completer = Completer(world.pool, world.q, MEMBER, QUEUES, receive)
-    own = completer.track_ends("default", Wakeup())
+    own = completer.track_ends("default", Wakeup(), announce=True)
     own.fences.update(j.fence for j in jobs)  # as the queue's workers do, at each end
     async with send:
         for j in jobs[:3]:

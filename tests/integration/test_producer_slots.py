@@ -13,10 +13,12 @@ import pytest
 
 from pgjobd.completer import Completer, OwnEnds
 from pgjobd.config import QueueConfig
+from pgjobd.member.generations import write_queue_limits
 from pgjobd.model import ClaimedJob, Outcome
 from pgjobd.notifier import Wakeup
 from pgjobd.producer import Producer, Workers
 from pgjobd.queries import Queries, for_schema
+from pgjobd.statements.job import Allocation, FlowClaimRow
 
 pytestmark = pytest.mark.anyio
 
@@ -36,6 +38,9 @@ class SilentSlots:
 
     def free_slots(self) -> int:
         return self.free - len(self.submitted)
+
+    def running(self) -> int:
+        return len(self.submitted)
 
     async def wait_changed(self) -> None:
         self.waiting += 1
@@ -85,3 +90,106 @@ async def test_a_loop_waiting_for_slots_sees_slots_that_freed_without_a_change(
     finally:
         await pool.close()
     assert [job.kind for job in workers.submitted] == ["k"]
+
+
+class HeldSlots:
+    """Eight slots; a job handed over runs until the test ends it (then its fence is
+    among the ended ones, as the real workers record it, and it is never recorded)."""
+
+    own_ends: OwnEnds | None = None
+
+    def __init__(self) -> None:
+        self.jobs: list[ClaimedJob] = []
+        self.handed_over = 0
+        self._changed = anyio.Event()
+
+    def slots(self) -> int:
+        return 8
+
+    def free_slots(self) -> int:
+        return 8 - len(self.jobs)
+
+    def running(self) -> int:
+        return len(self.jobs)
+
+    async def wait_changed(self) -> None:
+        await self._changed.wait()
+
+    async def submit_many(self, jobs: Sequence[ClaimedJob]) -> None:
+        self.jobs += jobs
+        self.handed_over += len(jobs)
+        self._announce()
+
+    def end_one(self) -> None:
+        job = self.jobs.pop(0)
+        assert self.own_ends is not None
+        self.own_ends.fences.add(job.fence)
+        self._announce()
+
+    def _announce(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+
+class AllocationCalls(Queries):
+    """Records each allocation, and each claim within one with what it asked for and
+    how many jobs ran when it was made."""
+
+    def __init__(self, schema: str, workers: HeldSlots) -> None:
+        super().__init__(schema)
+        self.workers = workers
+        self.calls: list[tuple[str, int, int]] = []  # (statement, asked, running)
+
+    async def flow_allocate(  # type: ignore[override]
+        self, conn: asyncpg.Connection, queue: str, member_id: str, ended: Sequence[int],
+        more: int,
+    ) -> Allocation | None:  # fmt: skip
+        self.calls.append(("allocate", more, self.workers.running()))
+        return await super().flow_allocate(conn, queue, member_id, ended, more)
+
+    async def job_claim_allocated(  # type: ignore[override]
+        self, conn: asyncpg.Connection, queue: str, limit: int, *rest: object
+    ) -> list[FlowClaimRow]:
+        self.calls.append(("claim", limit, self.workers.running()))
+        return await super().job_claim_allocated(conn, queue, limit, *rest)  # type: ignore[arg-type]
+
+
+async def test_a_producer_claims_within_its_allocations_room_and_not_while_it_has_none(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    """A queue whose only limit is global_concurrency = 3, a member with eight slots: a
+    claim within the allocation asks for the allocation's room (its ceiling less the
+    jobs running), not for the free slots, unless it renews the allocation (that one
+    tells the demand); and while the allocation is full the member claims nothing, it
+    only renews the allocation (issue 12: every end there cost a claim that found no
+    room, and the fleet-wide drain ran at 0.7 of the per-member one)."""
+    await write_queue_limits(
+        conn, for_schema(schema), {"default": QueueConfig(global_concurrency=3)}, "test"
+    )
+    for _ in range(6):
+        await conn.execute(f"SELECT {schema}.enqueue('k')")
+    workers = HeldSlots()
+    q = AllocationCalls(schema, workers)
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
+    try:
+        producer = default_queue_producer(pool, q, workers)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(producer.run)
+            with anyio.fail_after(10):
+                while workers.handed_over < 3:  # noqa: ASYNC110 (the fake announces nothing)
+                    await anyio.sleep(0.01)
+                full = len(q.calls)
+                while sum(c[0] == "allocate" for c in q.calls[full:]) < 3:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+                workers.end_one()
+                workers.end_one()
+                while workers.handed_over < 5:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    finally:
+        await pool.close()
+    assert not [c for c in q.calls[full:] if c[0] == "claim" and c[2] >= 3], q.calls
+    for before, call in zip(q.calls, q.calls[1:], strict=False):
+        if call[0] == "claim" and before[0] != "allocate":
+            assert call[1] <= 3 - call[2], q.calls
+    assert workers.handed_over == 5
