@@ -168,6 +168,10 @@ class Producer:
         self._renew_after_s = ALLOCATE_RENEW_S  # the allocation's renewal is due then
         self._flow_read_at = -math.inf
         self.throttled = False  # the last claim was held back by a limit
+        # ... by the database, where the producer had counted room in its allocation
+        # (jobs running outside the workers' slots, as after a reload): wait for room
+        # as under the queue's lock, not by the workers' count alone
+        self._room_misjudged = False
         self._flow_changed = anyio.Event()  # set (and made anew) as the claim path changes
 
     async def run(self) -> None:
@@ -205,8 +209,13 @@ class Producer:
     def _unreserved(self) -> int:
         free = self.workers.free_slots() - self.reserved
         if self._within_allocation():
-            free = min(free, cast(int, self._ceiling) - self.workers.running() - self.reserved)
+            free = min(free, self._allocation_room())
         return free
+
+    def _allocation_room(self) -> int:
+        """The allocation's ceiling less the jobs the member runs and the slots its claims
+        in flight reserved."""
+        return cast(int, self._ceiling) - self.workers.running() - self.reserved
 
     def _within_allocation(self) -> bool:
         """Whether claims are bounded by the member's allocation as last made (until its
@@ -280,8 +289,10 @@ class Producer:
             saturated = len(jobs) == limit
             if jobs:
                 poll_s = MIN_POLL_S
-            if self.throttled and not self._within_allocation():
-                await self._wait_for_room()
+            if self.throttled:
+                # (Within an allocation the loop's first wait is for room, as for slots.)
+                if self.path != "allocated" or self._room_misjudged:
+                    await self._wait_for_room()
             elif not saturated:
                 await self.wakeup.wait(poll_s)
                 poll_s = min(poll_s * 2, MAX_POLL_S)
@@ -351,13 +362,20 @@ class Producer:
             if allocation is None:
                 return None
             self._allocated(allocation.ceiling, self.workers.running() + limit)
-            if allocation.ceiling <= self.workers.running():
+            # This claim's own slots are in `reserved`: its room is that and more.
+            limit = min(limit, self._allocation_room() + limit)
+            if limit <= 0:
+                self._room_misjudged = False
                 return [FlowClaimRow.held_back("global_concurrency")]  # no room: no claim
         after = self.cursor.start() or (None, None, None)
         rows = await self.q.job_claim_allocated(
             conn, self.queue, limit, self.member_id, self.lease, ended, *after
         )
         claimed = [row.claim_row() for row in rows if row.id is not None]
+        self._room_misjudged = len(claimed) < len(rows)
+        if len(claimed) == limit and self.workers.free_slots() > self.reserved:
+            # Jobs were there for slots left free: the allocation held them back.
+            metrics.record_throttled(self.queue, ["global_concurrency"])
         if len(claimed) == len(rows):
             self.cursor.took(claimed, limit)
         elif claimed:  # as many as the allocation allowed: a full claim of that many

@@ -4,6 +4,7 @@ unfilled looks like to a loop waiting for slots."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -11,12 +12,13 @@ import anyio
 import asyncpg
 import pytest
 
+from pgjobd import metrics
 from pgjobd.completer import Completer, OwnEnds
 from pgjobd.config import QueueConfig
 from pgjobd.member.generations import write_queue_limits
 from pgjobd.model import ClaimedJob, Outcome
 from pgjobd.notifier import Wakeup
-from pgjobd.producer import Producer, Workers
+from pgjobd.producer import CLAIMERS, MIN_POLL_S, Producer, Workers
 from pgjobd.queries import Queries, for_schema
 from pgjobd.statements.job import Allocation, FlowClaimRow
 
@@ -138,20 +140,23 @@ class AllocationCalls(Queries):
     def __init__(self, schema: str, workers: HeldSlots) -> None:
         super().__init__(schema)
         self.workers = workers
-        self.calls: list[tuple[str, int, int]] = []  # (statement, asked, running)
+        # (statement, asked, running, held back by the database)
+        self.calls: list[tuple[str, int, int, bool]] = []
 
     async def flow_allocate(  # type: ignore[override]
         self, conn: asyncpg.Connection, queue: str, member_id: str, ended: Sequence[int],
         more: int,
     ) -> Allocation | None:  # fmt: skip
-        self.calls.append(("allocate", more, self.workers.running()))
+        self.calls.append(("allocate", more, self.workers.running(), False))
         return await super().flow_allocate(conn, queue, member_id, ended, more)
 
     async def job_claim_allocated(  # type: ignore[override]
         self, conn: asyncpg.Connection, queue: str, limit: int, *rest: object
     ) -> list[FlowClaimRow]:
-        self.calls.append(("claim", limit, self.workers.running()))
-        return await super().job_claim_allocated(conn, queue, limit, *rest)  # type: ignore[arg-type]
+        running = self.workers.running()
+        rows = await super().job_claim_allocated(conn, queue, limit, *rest)  # type: ignore[arg-type]
+        self.calls.append(("claim", limit, running, any(row.id is None for row in rows)))
+        return rows
 
 
 async def test_a_producer_claims_within_its_allocations_room_and_not_while_it_has_none(
@@ -170,6 +175,7 @@ async def test_a_producer_claims_within_its_allocations_room_and_not_while_it_ha
         await conn.execute(f"SELECT {schema}.enqueue('k')")
     workers = HeldSlots()
     q = AllocationCalls(schema, workers)
+    throttled_before = _throttled("default", "global_concurrency")
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
     try:
         producer = default_queue_producer(pool, q, workers)
@@ -193,3 +199,53 @@ async def test_a_producer_claims_within_its_allocations_room_and_not_while_it_ha
         if call[0] == "claim" and before[0] != "allocate":
             assert call[1] <= 3 - call[2], q.calls
     assert workers.handed_over == 5
+    # Still visible as throttling, though no claim is held back by the database: jobs
+    # waited while slots were free.
+    assert _throttled("default", "global_concurrency") > throttled_before
+
+
+def _throttled(queue: str, limit: str) -> float:
+    sample = metrics.REGISTRY.get_sample_value(
+        "pgjobd_jobs_throttled_total", {"queue": queue, "limit": limit}
+    )
+    return sample or 0.0
+
+
+async def test_a_producer_whose_jobs_run_outside_its_slots_waits_for_room_after_a_held_claim(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    """Two of the member's jobs run outside its workers' slots (as a reload's retiring
+    workers' do): the workers' count says the allocation has room, the database's does
+    not. A claim the database held back is followed by a wait for room, as under the
+    queue's lock, not by the next claim at once (a loop of round trips)."""
+    q0 = for_schema(schema)
+    await write_queue_limits(conn, q0, {"default": QueueConfig(global_concurrency=3)}, "test")
+    for _ in range(6):
+        await conn.execute(f"SELECT {schema}.enqueue('k')")
+    outside = await conn.fetch(
+        q0.sql("job_claim_flow"), "default", 2, "m", timedelta(minutes=1), []
+    )
+    assert len([row for row in outside if row["id"] is not None]) == 2
+    workers = HeldSlots()
+    q = AllocationCalls(schema, workers)
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
+    try:
+        producer = default_queue_producer(pool, q, workers)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(producer.run)
+            with anyio.fail_after(10):
+                while not any(call[3] for call in q.calls):  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+                held, since = len(q.calls), time.monotonic()
+                while sum(c[0] == "allocate" for c in q.calls[held:]) < 4:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+                window, seconds = q.calls[held:], time.monotonic() - since
+            tg.cancel_scope.cancel()
+    finally:
+        await pool.close()
+    assert workers.handed_over == 1, q.calls  # the one place the outside jobs left
+    # Each of the two claim loops waits MIN_POLL_S for room after a held claim (no job
+    # of its own ends here to cut that short): a loop without that wait claims every
+    # millisecond or two.
+    claims = sum(c[0] == "claim" for c in window)
+    assert claims <= CLAIMERS * (seconds / MIN_POLL_S + 2), (claims, seconds, window)
