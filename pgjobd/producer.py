@@ -168,9 +168,9 @@ class Producer:
         self._renew_after_s = ALLOCATE_RENEW_S  # the allocation's renewal is due then
         self._flow_read_at = -math.inf
         self.throttled = False  # the last claim was held back by a limit
-        # ... by the database, where the producer had counted room in its allocation
-        # (jobs running outside the workers' slots, as after a reload): wait for room
-        # as under the queue's lock, not by the workers' count alone
+        # The database held back a claim within the allocation where the workers' count
+        # saw room (jobs running outside the workers' slots, as after a reload): wait
+        # for room as under the queue's lock, not by the workers' count alone.
         self._room_misjudged = False
         self._flow_changed = anyio.Event()  # set (and made anew) as the claim path changes
 
