@@ -18,7 +18,7 @@ from pgjobd.model import ClaimedJob
 from pgjobd.producer import CURSOR_HEAD_S
 from pgjobd.queries import for_schema
 from tests.integration.test_plans import _plan
-from tests.integration.test_producer_slots import default_queue_producer
+from tests.integration.test_producer_slots import producer_running
 
 pytestmark = pytest.mark.anyio
 LEASE = timedelta(minutes=1)
@@ -125,24 +125,17 @@ async def test_a_job_behind_a_busy_producers_cursor_starts_within_its_head_inter
     q = for_schema(schema)
     await _enqueue(conn, schema, 20_000, priority=5)
     workers = FreeingSlots()
-    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
-    try:
-        producer = default_queue_producer(pool, q, workers)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(producer.run)
-            with anyio.fail_after(10):
-                while producer.cursor.after is None:  # noqa: ASYNC110
-                    await anyio.sleep(0.001)
-            (urgent,) = await _enqueue(conn, schema, 1, priority=0)
-            enqueued_at = anyio.current_time()
-            with anyio.fail_after(10):
-                while urgent not in [j.id for j in workers.submitted]:  # noqa: ASYNC110
-                    await anyio.sleep(0.001)
-            waited = anyio.current_time() - enqueued_at
-            ran = len(workers.submitted)
-            tg.cancel_scope.cancel()
-    finally:
-        await pool.close()
+    async with producer_running(dsn, q, workers) as producer:
+        with anyio.fail_after(10):
+            while producer.cursor.after is None:  # noqa: ASYNC110
+                await anyio.sleep(0.001)
+        (urgent,) = await _enqueue(conn, schema, 1, priority=0)
+        enqueued_at = anyio.current_time()
+        with anyio.fail_after(10):
+            while urgent not in [j.id for j in workers.submitted]:  # noqa: ASYNC110
+                await anyio.sleep(0.001)
+        waited = anyio.current_time() - enqueued_at
+        ran = len(workers.submitted)
     assert waited < CURSOR_HEAD_S + 0.5
     assert ran < 20_000  # the backlog had not run out
 

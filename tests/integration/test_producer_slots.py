@@ -4,8 +4,9 @@ unfilled looks like to a loop waiting for slots."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 
 import anyio
@@ -55,6 +56,21 @@ class SilentSlots:
         self.submitted += jobs
 
 
+@contextlib.asynccontextmanager
+async def producer_running(dsn: str, q: Queries, workers: Workers) -> AsyncIterator[Producer]:
+    """A producer of queue "default" for member "m" (default_queue_producer), running
+    until the block ends, on a pool of its own."""
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
+    try:
+        producer = default_queue_producer(pool, q, workers)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(producer.run)
+            yield producer
+            tg.cancel_scope.cancel()
+    finally:
+        await pool.close()
+
+
 def default_queue_producer(pool: asyncpg.Pool, q: Queries, workers: Workers) -> Producer:
     """A producer of queue "default" for member "m", its completer fed by nothing."""
     _, receive = anyio.create_memory_object_stream[Outcome](0)
@@ -76,21 +92,14 @@ async def test_a_loop_waiting_for_slots_sees_slots_that_freed_without_a_change(
     q = for_schema(schema)
     await conn.execute(f"SELECT {schema}.enqueue('k')")
     workers = SilentSlots()
-    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
-    try:
-        producer = default_queue_producer(pool, q, workers)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(producer.run)
-            with anyio.fail_after(5):
-                while not workers.waiting:  # noqa: ASYNC110 (a claim loop waits for a slot)
-                    await anyio.sleep(0.01)
-            workers.free = 2  # as an unfilled reservation gives slots back: silently
-            with anyio.fail_after(5):
-                while not workers.submitted:  # noqa: ASYNC110 (the fake announces nothing)
-                    await anyio.sleep(0.01)
-            tg.cancel_scope.cancel()
-    finally:
-        await pool.close()
+    async with producer_running(dsn, q, workers):
+        with anyio.fail_after(5):
+            while not workers.waiting:  # noqa: ASYNC110 (a claim loop waits for a slot)
+                await anyio.sleep(0.01)
+        workers.free = 2  # as an unfilled reservation gives slots back: silently
+        with anyio.fail_after(5):
+            while not workers.submitted:  # noqa: ASYNC110 (the fake announces nothing)
+                await anyio.sleep(0.01)
     assert [job.kind for job in workers.submitted] == ["k"]
 
 
@@ -176,24 +185,17 @@ async def test_a_producer_claims_within_its_allocations_room_and_not_while_it_ha
     workers = HeldSlots()
     q = AllocationCalls(schema, workers)
     throttled_before = _throttled("default", "global_concurrency")
-    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
-    try:
-        producer = default_queue_producer(pool, q, workers)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(producer.run)
-            with anyio.fail_after(10):
-                while workers.handed_over < 3:  # noqa: ASYNC110 (the fake announces nothing)
-                    await anyio.sleep(0.01)
-                full = len(q.calls)
-                while sum(c[0] == "allocate" for c in q.calls[full:]) < 3:  # noqa: ASYNC110
-                    await anyio.sleep(0.01)
-                workers.end_one()
-                workers.end_one()
-                while workers.handed_over < 5:  # noqa: ASYNC110
-                    await anyio.sleep(0.01)
-            tg.cancel_scope.cancel()
-    finally:
-        await pool.close()
+    async with producer_running(dsn, q, workers):
+        with anyio.fail_after(10):
+            while workers.handed_over < 3:  # noqa: ASYNC110 (the fake announces nothing)
+                await anyio.sleep(0.01)
+            full = len(q.calls)
+            while sum(c[0] == "allocate" for c in q.calls[full:]) < 3:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+            workers.end_one()
+            workers.end_one()
+            while workers.handed_over < 5:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
     assert not [c for c in q.calls[full:] if c[0] == "claim" and c[2] >= 3], q.calls
     for before, call in zip(q.calls, q.calls[1:], strict=False):
         if call[0] == "claim" and before[0] != "allocate":
@@ -228,21 +230,14 @@ async def test_a_producer_whose_jobs_run_outside_its_slots_waits_for_room_after_
     assert len([row for row in outside if row["id"] is not None]) == 2
     workers = HeldSlots()
     q = AllocationCalls(schema, workers)
-    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
-    try:
-        producer = default_queue_producer(pool, q, workers)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(producer.run)
-            with anyio.fail_after(10):
-                while not any(call[3] for call in q.calls):  # noqa: ASYNC110
-                    await anyio.sleep(0.01)
-                held, since = len(q.calls), time.monotonic()
-                while sum(c[0] == "allocate" for c in q.calls[held:]) < 4:  # noqa: ASYNC110
-                    await anyio.sleep(0.01)
-                window, seconds = q.calls[held:], time.monotonic() - since
-            tg.cancel_scope.cancel()
-    finally:
-        await pool.close()
+    async with producer_running(dsn, q, workers):
+        with anyio.fail_after(10):
+            while not any(call[3] for call in q.calls):  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+            held, since = len(q.calls), time.monotonic()
+            while sum(c[0] == "allocate" for c in q.calls[held:]) < 4:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+            window, seconds = q.calls[held:], time.monotonic() - since
     assert workers.handed_over == 1, q.calls  # the one place the outside jobs left
     # Each of the two claim loops waits MIN_POLL_S for room after a held claim (no job
     # of its own ends here to cut that short): a loop without that wait claims every
