@@ -1285,5 +1285,6 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 # The CI smoke: short, seeded scenarios that cover process, fleet, server and network faults.
+# "limits": fleet-wide limits, groups and allocations under kills and reloads (issue 12).
 SMOKE = ["kill-workers", "kill-leader", "pg-restart", "drain-during-claim", "conn-exhaustion",
-         "partition", "pgbouncer", "disk-full"]  # fmt: skip
+         "partition", "pgbouncer", "disk-full", "limits"]  # fmt: skip
