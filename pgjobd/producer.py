@@ -5,21 +5,21 @@ It claims only when a slot is free and the completer is keeping up. Between clai
 waits for a NOTIFY wake-up or, failing that, polls with an interval that doubles while
 the queue stays empty (up to MAX_POLL_S) and drops back as soon as work turns up.
 
-Queues without flow control claim with `job_claim`, the statement of an unlimited
-queue. A queue with fleet-wide limits or groups (its own, or any kind's) claims with
+Queues without flow control claim with `job_claim`, the statement of an unlimited queue.
+A queue with fleet-wide limits or groups (its own, or any kind's) claims with
 `job_claim_flow`; `job_claim` refuses such a queue, so a producer that has not noticed a
 new limit claims nothing rather than too much. Two of those claim by statements of their
-own, without the queue's lock: one whose only limit is its global_concurrency, within the
-member's allocation of it (`flow_allocate`, `job_claim_allocated`), and one whose only
-limit is `fair = true`, by its jobs' tags (`job_claim_fair`). The producer reads which
-path applies (`queue_claim_path_get`) at its first claim, and again at most every
-FLOW_RECHECK_S after a claim that came back short. While a limit holds jobs back, it
-claims again FLOW_GATHER_S after one of its own jobs ends (a fleet-wide count leaves out
-a job whose handler has ended here: OwnEnds) or another member announces an end
-(queue_room_announce), or after MIN_POLL_S. Within an allocation it claims as it does
-for free slots, the allocation's room standing for them (its ceiling less the jobs the
-member runs): the room is the member's own, so no other member's end is announced or
-waited for, and no claim is made while there is none.
+own, without the queue's lock: one whose only limit is its global_concurrency, within
+the member's allocation of it (`flow_allocate`, `job_claim_allocated`), and one whose
+only limit is `fair = true`, by its jobs' tags (`job_claim_fair`). The producer reads
+which path applies (`queue_claim_path_get`) at its first claim, and again at most every
+FLOW_RECHECK_S after a claim that came back short (after the hand-over of what it took).
+While a limit holds jobs back, it claims again FLOW_GATHER_S after one of its own jobs
+ends (a fleet-wide count leaves out a job whose handler has ended here: OwnEnds) or
+another member announces an end (queue_room_announce), or after MIN_POLL_S. Within an
+allocation it claims as it does for free slots, the allocation's room standing for them
+(its ceiling less the jobs the member runs): the room is the member's own, so no other
+member's end is announced or waited for, and no claim is made while there is none.
 
 A claim and the hand-over of what it claimed are one step that cancellation does not
 split: once `job_claim` may have committed, the jobs reach the workers (or are given
@@ -167,6 +167,7 @@ class Producer:
         self._ceiling: int | None = None  # the allocation's ceiling, as last made
         self._renew_after_s = ALLOCATE_RENEW_S  # the allocation's renewal is due then
         self._flow_read_at = -math.inf
+        self._flow_recheck = False  # a claim came back short with jobs: read the path after
         self.throttled = False  # the last claim was held back by a limit
         # The database held back a claim within the allocation where the workers' count
         # saw room (jobs running outside the workers' slots, as after a reload): wait
@@ -286,6 +287,8 @@ class Producer:
             finally:
                 self.reserved -= limit
             failures = 0
+            if self._flow_recheck:
+                await self._recheck_flow()
             saturated = len(jobs) == limit
             if jobs:
                 poll_s = MIN_POLL_S
@@ -313,7 +316,11 @@ class Producer:
                 )
                 self.cursor.took(rows, limit)
             if len(rows) < limit and time.monotonic() - self._flow_read_at >= FLOW_RECHECK_S:
-                await self._read_flow(conn)
+                if rows:  # after their hand-over: nothing stands between a claim and it
+                    self._flow_read_at = time.monotonic()
+                    self._flow_recheck = True
+                else:
+                    await self._read_flow(conn)
         seconds = time.perf_counter() - started
         self.claim_seconds.append(seconds)
         if len(self.claim_seconds) > 1000:
@@ -418,6 +425,23 @@ class Producer:
         limit's window moving on); then FLOW_GATHER_S more, for more room."""
         await self.wakeup.wait(MIN_POLL_S)
         await anyio.sleep(FLOW_GATHER_S)
+
+    async def _recheck_flow(self) -> None:
+        """The claim path's re-read that a short claim with jobs left until they were
+        handed over. A failure leaves the path as it was, read again after the next
+        short claim."""
+        self._flow_recheck = False
+        try:
+            async with db.acquire(self.pool) as conn:
+                await self._read_flow(conn)
+        except Exception as e:
+            if not retry_later(e):
+                raise
+            self._flow_read_at = -math.inf
+            log.warning(
+                "reading how queue %s claims failed: %s", self.queue, e,
+                extra={"event": "producer.claim_path_failed", "queue": self.queue},
+            )  # fmt: skip
 
     async def _read_flow(self, conn: asyncpg.Connection) -> None:
         path = cast(ClaimPath, await self.q.queue_claim_path_get(conn, self.queue))

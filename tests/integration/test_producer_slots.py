@@ -244,3 +244,45 @@ async def test_a_producer_whose_jobs_run_outside_its_slots_waits_for_room_after_
     # millisecond or two.
     claims = sum(c[0] == "claim" for c in window)
     assert claims <= CLAIMERS * (seconds / MIN_POLL_S + 2), (claims, seconds, window)
+
+
+class RecordedSlots(SilentSlots):
+    """Two free slots; hand-overs are noted in `order`, beside the claim path's reads."""
+
+    def __init__(self, order: list[str]) -> None:
+        super().__init__()
+        self.free = 2
+        self.order = order
+
+    async def submit_many(self, jobs: Sequence[ClaimedJob]) -> None:
+        self.order.append("hand-over")
+        await super().submit_many(jobs)
+
+
+async def test_a_short_claims_jobs_are_handed_over_before_the_claim_path_is_read_again(
+    dsn: str, conn: asyncpg.Connection, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: a claim that came back short read the queue's claim path again (once
+    per FLOW_RECHECK_S) before returning, so the jobs it had claimed waited for one more
+    round trip before their hand-over: at a trickle, a job in fifty or so, at the tail
+    of the latency (bench/throughput.py's trickle)."""
+    monkeypatch.setattr("pgjobd.producer.FLOW_RECHECK_S", 0.0)
+    q = for_schema(schema)
+    order: list[str] = []
+    read_path = q.queue_claim_path_get
+
+    async def noted_read(conn: asyncpg.Connection, queue: str) -> str | None:
+        order.append("path read")
+        return await read_path(conn, queue)
+
+    monkeypatch.setattr(q, "queue_claim_path_get", noted_read)
+    await conn.execute(f"SELECT {schema}.enqueue('k')")
+    workers = RecordedSlots(order)
+    async with producer_running(dsn, q, workers):
+        with anyio.fail_after(5):
+            while order.count("path read") < 2:  # noqa: ASYNC110 (nothing to wait on)
+                await anyio.sleep(0.01)
+    assert [job.kind for job in workers.submitted] == ["k"]
+    # The first read tells the producer how the queue claims; the short claim's re-read
+    # comes after the hand-over of its job.
+    assert order[:3] == ["path read", "hand-over", "path read"], order
