@@ -32,7 +32,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Protocol, cast
 
@@ -157,7 +158,7 @@ class Producer:
         self.member_id = member_id
         self.lease = lease
         self.reserved = 0  # slots a claim in flight will fill
-        self._in_flight: set[anyio.CancelScope] = set()  # shielded claims + hand-overs
+        self._in_flight: set[anyio.CancelScope] = set()  # steps _shielded from cancelling
         self._stop_by: float | None = None
         self.claim_seconds: list[float] = []  # recent claim durations, for metrics
         self.claimed = 0
@@ -196,6 +197,19 @@ class Producer:
         self._stop_by = anyio.current_time() + within_s
         for scope in self._in_flight:
             scope.deadline = min(scope.deadline, self._stop_by)
+
+    @contextmanager
+    def _shielded(self) -> Iterator[anyio.CancelScope]:
+        """A step that cancelling the producer does not cut short; only stop() bounds
+        it (its scope's `cancelled_caught` then says so)."""
+        with anyio.CancelScope(shield=True) as scope:
+            if self._stop_by is not None:
+                scope.deadline = self._stop_by
+            self._in_flight.add(scope)
+            try:
+                yield scope
+            finally:
+                self._in_flight.discard(scope)
 
     @property
     def flow(self) -> bool | None:
@@ -260,13 +274,9 @@ class Producer:
             self.wakeup.clear()
             self.reserved += limit
             try:
-                with anyio.CancelScope(shield=True) as scope:
-                    self._in_flight.add(scope)
-                    try:
-                        jobs = await self.claim(limit)
-                        await self.workers.submit_many(jobs)
-                    finally:
-                        self._in_flight.discard(scope)
+                with self._shielded() as scope:
+                    jobs = await self.claim(limit)
+                    await self.workers.submit_many(jobs)
                 if scope.cancelled_caught:
                     log.warning(
                         "a claim from queue %s did not end in time as the producer stopped; "
@@ -288,7 +298,10 @@ class Producer:
                 self.reserved -= limit
             failures = 0
             if self._flow_recheck:
-                await self._recheck_flow()
+                # Shielded as the claim is: a statement cut short sends a cancel request
+                # on a connection of its own, which a pool closing under it breaks.
+                with self._shielded():
+                    await self._recheck_flow()
             saturated = len(jobs) == limit
             if jobs:
                 poll_s = MIN_POLL_S

@@ -286,3 +286,78 @@ async def test_a_short_claims_jobs_are_handed_over_before_the_claim_path_is_read
     # The first read tells the producer how the queue claims; the short claim's re-read
     # comes after the hand-over of its job.
     assert order[:3] == ["path read", "hand-over", "path read"], order
+
+
+class FilledSlots(SilentSlots):
+    """Two free slots, none left after the first hand-over (however many it brought):
+    one claim, then none."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.free = 2
+
+    async def submit_many(self, jobs: Sequence[ClaimedJob]) -> None:
+        await super().submit_many(jobs)
+        self.free = len(self.submitted)
+
+
+async def test_a_claim_path_read_in_flight_is_not_cut_short_by_cancelling_the_producer(
+    dsn: str, conn: asyncpg.Connection, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (CI, stop 29): the re-read after a short claim's hand-over ran outside
+    the claim's shield, so cancelling the producer cut its statement short; asyncpg then
+    sent the server a cancel request on a connection of its own, which the pool closing
+    under it broke (a ConnectionError raised in the event loop, no task to catch it).
+    The re-read runs to its end as a claim does, bounded only by stop()."""
+    monkeypatch.setattr("pgjobd.producer.FLOW_RECHECK_S", 0.0)
+    q = for_schema(schema)
+    reads = 0
+    read_path = q.queue_claim_path_get
+
+    async def read_behind_a_lock(read_conn: asyncpg.Connection, queue: str) -> str | None:
+        nonlocal reads
+        reads += 1
+        if reads == 2:  # the short claim's re-read: the kind table is locked under it
+            await locker.execute("BEGIN")
+            await locker.execute(f"LOCK TABLE {schema}.kind IN ACCESS EXCLUSIVE MODE")
+        return await read_path(read_conn, queue)
+
+    monkeypatch.setattr(q, "queue_claim_path_get", read_behind_a_lock)
+    await conn.execute(f"SELECT {schema}.enqueue('k')")
+    workers = FilledSlots()
+    ended = anyio.Event()
+    waiting = (
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND query LIKE '%queue_reservable%'"
+    )
+    locker = await asyncpg.connect(dsn)
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
+    try:
+        async with anyio.create_task_group() as tg:
+            producer_scope = anyio.CancelScope()
+
+            async def run_producer() -> None:
+                with producer_scope:
+                    await default_queue_producer(pool, q, workers).run()
+                ended.set()
+
+            tg.start_soon(run_producer)
+            try:
+                with anyio.fail_after(5):
+                    while await conn.fetchval(waiting) == 0:  # noqa: ASYNC110 (database state)
+                        await anyio.sleep(0.01)
+                producer_scope.cancel()
+                with anyio.move_on_after(0.5):
+                    await ended.wait()
+                assert not ended.is_set()  # the producer waits for its read
+                assert await conn.fetchval(waiting) == 1  # which was not cancelled
+            finally:
+                if locker.is_in_transaction():
+                    await locker.execute("ROLLBACK")  # (on a failure too: the read ends)
+            with anyio.fail_after(5):
+                await ended.wait()
+    finally:
+        await pool.close()
+        await locker.close()
+    assert reads == 2
+    assert [job.kind for job in workers.submitted] == ["k"]
