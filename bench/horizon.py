@@ -59,9 +59,9 @@ from throughput import (
 )  # fmt: skip
 
 from pgjobd.client import Client
+from pgjobd.embedded import free_port
 
 SCHEMA = "bench_horizon"
-METRICS_PORT = 19464
 HELD_RATIO = 0.8
 RECOVERED_RATIO = 0.95
 CLAIM_P99_S = 0.05
@@ -116,15 +116,16 @@ async def dead_tuples(admin: asyncpg.Connection) -> int:
 async def one_drain(h: Harness, client: Client, rnd: Round, n: int, phase: str, *,
                     phase_start: float) -> Sample:  # fmt: skip
     scraped: dict[float, float] = {}
+    port = free_port()  # (not a fixed one: two runs at once would scrape each other)
 
     async def scrape(running: Member) -> None:
-        url = f"http://127.0.0.1:{METRICS_PORT}/metrics"
+        url = f"http://127.0.0.1:{port}/metrics"
         text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
         scraped.update(claim_histogram(text.decode()))
 
     started = time.monotonic() - phase_start
     d = await drain(h, client, rnd, n, prefix=f"horizon_{phase}", fresh=False, on_done=scrape,
-                    metrics_listen=f"127.0.0.1:{METRICS_PORT}")  # fmt: skip
+                    metrics_listen=f"127.0.0.1:{port}")  # fmt: skip
     claims, within, p99 = histogram_figures(scraped)
     sample = Sample(phase, started, n / d.seconds, await dead_tuples(h.admin), claims, within, p99)
     print(f"  {rnd.key} {phase:<8} t={started:5.0f}s {sample.rate:8,.0f} jobs/s  dead tuples "

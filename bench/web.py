@@ -36,6 +36,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -332,6 +333,7 @@ async def main() -> None:
     member = None
     pool = await asyncpg.create_pool(args.dsn, min_size=1, max_size=2)
     results: dict[str, Any] = {"args": vars(args) | {"json": str(args.json)}}
+    finished = False
     try:
         port = (await web.wait_event("web.listening"))["port"]
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
@@ -384,6 +386,7 @@ async def main() -> None:
             results["drain"] = {"without": quiet, "with": watched, "ratios": ratios,
                                 "ratio": ratio,
                                 "fetches": fetched[0]}  # fmt: skip
+        finished = True
     finally:
         if member is not None:
             member.stop()
@@ -391,6 +394,10 @@ async def main() -> None:
         await pool.close()
         await conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
         await conn.close()
+        if finished:
+            shutil.rmtree(work)
+        else:
+            print(f"the console's and the member's logs are kept in {work}", file=sys.stderr)
     load1 = os.getloadavg()[0]
     print(f"1-minute load average at the end: {load1:.1f} (on {os.cpu_count()} cores)")
     if args.json:

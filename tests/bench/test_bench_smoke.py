@@ -170,10 +170,11 @@ def own_database(dsn: str) -> Iterator[str]:
         asyncio.run(run(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
-def run_script(bench: Bench, extra: list[str]) -> subprocess.CompletedProcess[str]:
-    """bench/<script> as its own process group: on a timeout the whole group (the
-    members it started) is killed, not only the script."""
+def run_script(bench: Bench, extra: list[str], tmpdir: Path) -> subprocess.CompletedProcess[str]:
+    """bench/<script> as its own process group, its temporary files under tmpdir: on a
+    timeout the whole group (the members it started) is killed, not only the script."""
     env = {k: v for k, v in os.environ.items() if k not in ("PGJOBD_DSN", "DATABASE_URL")}
+    env["TMPDIR"] = str(tmpdir)
     command = [sys.executable, str(BENCH / bench.script), *bench.args, *extra]
     process = subprocess.Popen(
         command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -192,7 +193,8 @@ def run_script(bench: Bench, extra: list[str]) -> subprocess.CompletedProcess[st
 
 
 @pytest.mark.parametrize("bench", BENCHES, ids=lambda bench: bench.script.removesuffix(".py"))
-def test_bench_runs_and_prints_its_figures(bench: Bench, dsn: str) -> None:
+def test_bench_runs_and_prints_its_figures(bench: Bench, dsn: str, tmp_path: Path) -> None:
+    """...and leaves no temporary file behind (bench/web.py left a directory a run)."""
     if bench.needs_pgbouncer:
         try:
             find_program()
@@ -200,7 +202,7 @@ def test_bench_runs_and_prints_its_figures(bench: Bench, dsn: str) -> None:
             pytest.skip(f"{bench.script} starts a private PgBouncer: {e}")
     with contextlib.ExitStack() as stack:
         extra = ["--dsn", stack.enter_context(own_database(dsn))] if bench.dsn else []
-        done = run_script(bench, extra)
+        done = run_script(bench, extra, tmp_path)
 
     output = f"exit {done.returncode}\n-- stdout:\n{done.stdout}\n-- stderr:\n{done.stderr[-5000:]}"
     assert done.returncode == 0, output
@@ -210,3 +212,4 @@ def test_bench_runs_and_prints_its_figures(bench: Bench, dsn: str) -> None:
         for figure in found.groups():
             if figure is not None and figure[0].isdigit():
                 assert float(figure.replace(",", "")) > 0, (pattern, found.group(0))
+    assert list(tmp_path.iterdir()) == [], "left behind in its temporary directory"
