@@ -60,7 +60,7 @@ async def empty_tables(conn: asyncpg.Connection) -> None:
     """TRUNCATE the job tables under the running member. TRUNCATE locks its tables one
     at a time, and a statement of the member that reads two of them in the other order
     can hold one while waiting for the next: PostgreSQL then ends one side as a
-    deadlock (about one smoke run in three). Then this side tries again."""
+    deadlock (two smoke runs in five here). Then this side tries again."""
     for attempt in range(10):
         try:
             await conn.execute(f"TRUNCATE {SCHEMA}.job, {SCHEMA}.job_history, "

@@ -326,9 +326,9 @@ async def test_a_claim_path_read_in_flight_is_not_cut_short_by_cancelling_the_pr
     await conn.execute(f"SELECT {schema}.enqueue('k')")
     workers = FilledSlots()
     ended = anyio.Event()
-    waiting = (
+    waiting = (  # this schema's re-read, waiting for the lock
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-        "AND query LIKE '%queue_reservable%'"
+        f"AND query LIKE '%{schema}.queue_reservable%'"
     )
     locker = await asyncpg.connect(dsn)
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
