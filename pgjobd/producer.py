@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Protocol, cast
+from typing import NamedTuple, Protocol, cast
 
 import anyio
 import asyncpg
@@ -86,44 +86,70 @@ ALLOCATE_EVERY_S = 0.02
 ALLOCATE_RENEW_S = 0.1
 
 
-# A producer of a queue without flow control starts each claim after the last job its
-# previous full claim took, in claim order (job_claim's `after`), and from the head of
-# the queue after a claim that came back short and CURSOR_HEAD_S after its last claim
-# from the head. Each claimed job leaves an index entry at the head of the claim index
-# that a claim from the head walks again until vacuum removes it; while a snapshot holds
-# the xmin horizon none can be skipped without a heap visit, and every claim's cost grew
-# with every job run since (bench/horizon.py at the defaults: held at 0.30 of the free
-# rate from the head every time, 0.55 every 8 claims; see decisions.md). The price: a
-# job that becomes available behind the cursor (a higher priority, a promoted or retried
-# job due earlier, a claim rolled back) waits for the next claim from the head, up to
-# CURSOR_HEAD_S while the queue has a backlog (without one, claims come back short).
+# A producer of a queue without flow control starts each claim after the furthest job
+# its claims took, in claim order (job_claim's `after`), and from the head of the queue
+# only when a job is available behind that cursor. Each claimed job leaves an index entry
+# at the head of the claim index that a claim from the head walks again until vacuum
+# removes it; while a snapshot holds the xmin horizon none can be skipped without a heap
+# visit, and every claim's cost grew with every job run since (bench/horizon.py at the
+# defaults: held at 0.30 of the free rate from the head every time, 0.55 every 8 claims;
+# see decisions.md). Whether a job waits behind the cursor (a higher priority, a
+# promoted or retried job due earlier, a transaction that committed after a later one, a
+# claim rolled back) is asked beside the claims (job_available_before, the walk from the
+# head without locks, in a task of its own): at once after a claim that came back short,
+# and every CURSOR_HEAD_S while claims come back full. So the claims stay after the
+# cursor and a held horizon's walk is off their path, and a job behind the cursor waits
+# one look (and a claim from the head), up to CURSOR_HEAD_S while the queue has a
+# backlog.
 CURSOR_HEAD_S = 0.25
 
 
+class ClaimStart(NamedTuple):
+    """Where a claim started (None: the head), and the cursor's epoch then."""
+
+    after: ClaimKey | None
+    epoch: int
+
+
 class ClaimCursor:
-    """Where a producer's next job_claim starts (see CURSOR_HEAD_S)."""
+    """Where a producer's next job_claim starts, and when to look behind it (see
+    CURSOR_HEAD_S)."""
 
     def __init__(self) -> None:
         self.after: ClaimKey | None = None
-        self._head_at = -math.inf
+        self._epoch = 0  # how many times a look sent the cursor to the head
+        self._looked_at = -math.inf
 
-    def start(self) -> ClaimKey | None:
-        """Where the next claim starts (None: the head)."""
-        if time.monotonic() - self._head_at >= CURSOR_HEAD_S:
-            self.after = None
+    def start(self) -> ClaimStart:
+        """Where the next claim starts."""
+        return ClaimStart(self.after, self._epoch)
+
+    def took(self, start: ClaimStart, rows: Sequence[ClaimRow], limit: int) -> bool:
+        """A claim of `limit` from `start` returned `rows`; whether to look behind the
+        cursor now."""
+        if start.epoch != self._epoch:
+            # Sent to the head since this claim began: its rows must not move the cursor
+            # past the job found behind before a claim from the head has taken it.
+            return False
+        if rows:
+            last = max(ClaimKey.of(row) for row in rows)
+            # (Two claim loops share the cursor: it never moves back but to the head.)
+            if self.after is None or last > self.after:
+                self.after = last
         if self.after is None:
-            self._head_at = time.monotonic()
-        return self.after
+            return False
+        now = time.monotonic()
+        if len(rows) < limit or now - self._looked_at >= CURSOR_HEAD_S:
+            self._looked_at = now
+            return True
+        return False
 
-    def took(self, rows: Sequence[ClaimRow], limit: int) -> None:
-        """A claim of `limit` returned `rows`."""
-        if len(rows) < limit:
+    def behind(self, looked_after: ClaimKey) -> None:
+        """A job was available before `looked_after` (the cursor when the look began):
+        the next claim starts from the head."""
+        if self.after is not None and self.after >= looked_after:
             self.after = None
-            return
-        last = max(ClaimKey.of(row) for row in rows)
-        # (Two claim loops share the cursor: it never moves back.)
-        if self.after is None or last > self.after:
-            self.after = last
+            self._epoch += 1
 
 
 class Workers(Protocol):
@@ -163,6 +189,7 @@ class Producer:
         self.claim_seconds: list[float] = []  # recent claim durations, for metrics
         self.claimed = 0
         self.cursor = ClaimCursor()  # job_claim's start (queues without flow control)
+        self._look_behind = anyio.Event()  # set: look for a job behind the cursor now
         self.path: ClaimPath | None = None  # which claim statement: None, not read yet
         self._allocated_at = -math.inf
         self._ceiling: int | None = None  # the allocation's ceiling, as last made
@@ -189,6 +216,7 @@ class Producer:
         async with anyio.create_task_group() as tg:
             for loop in range(CLAIMERS):
                 tg.start_soon(self._claim_loop, loop)
+            tg.start_soon(self._look_behind_loop)
 
     def stop(self, within_s: float) -> None:
         """Bound a claim in flight to `within_s` from now (the database may be away);
@@ -323,11 +351,12 @@ class Producer:
                 self.throttled = bool(held)
                 metrics.record_throttled(self.queue, [h for h in held if h is not None])
             else:
-                after = self.cursor.start() or (None, None, None)
+                start = self.cursor.start()
                 rows = await self.q.job_claim(
-                    conn, self.queue, limit, self.member_id, self.lease, *after
-                )
-                self.cursor.took(rows, limit)
+                    conn, self.queue, limit, self.member_id, self.lease,
+                    *(start.after or (None, None, None)),
+                )  # fmt: skip
+                self._took(start, rows, limit)
             if len(rows) < limit and time.monotonic() - self._flow_read_at >= FLOW_RECHECK_S:
                 if rows:  # after their hand-over: nothing stands between a claim and it
                     self._flow_read_at = time.monotonic()
@@ -343,6 +372,40 @@ class Producer:
             self.queue, seconds, [row.kind for row in rows], [row.waited_s for row in rows]
         )
         return [row.claimed_job() for row in rows]
+
+    def _took(self, start: ClaimStart, rows: Sequence[ClaimRow], limit: int) -> None:
+        if self.cursor.took(start, rows, limit):
+            self._look_behind.set()
+
+    async def _look_behind_loop(self) -> None:
+        """Look for a job available behind the claim cursor when a claim asks for it (see
+        CURSOR_HEAD_S); one found sends the next claim to the head, at once."""
+        while True:
+            await self._look_behind.wait()
+            self._look_behind = anyio.Event()
+            after = self.cursor.after
+            if after is None:
+                continue
+            if self._stop_by is not None:
+                return
+            try:
+                # Shielded as a claim is (a statement cut short: see _claim_loop).
+                with self._shielded() as scope:
+                    async with db.acquire(self.pool) as conn:
+                        behind = await self.q.job_available_before(conn, self.queue, after)
+                if scope.cancelled_caught:
+                    return
+            except Exception as e:
+                if not retry_later(e):
+                    raise
+                log.warning(  # (the claims ask again: at most every CURSOR_HEAD_S when full)
+                    "looking behind the claim cursor of queue %s failed: %s", self.queue, e,
+                    extra={"event": "producer.look_behind_failed", "queue": self.queue},
+                )  # fmt: skip
+                continue
+            if behind:
+                self.cursor.behind(after)
+                self.wakeup.set()
 
     async def _claim_flow(
         self, conn: asyncpg.Connection, limit: int
@@ -387,19 +450,20 @@ class Producer:
             if limit <= 0:
                 self._room_misjudged = False
                 return [FlowClaimRow.held_back("global_concurrency")]  # no room: no claim
-        after = self.cursor.start() or (None, None, None)
+        start = self.cursor.start()
         rows = await self.q.job_claim_allocated(
-            conn, self.queue, limit, self.member_id, self.lease, ended, *after
-        )
+            conn, self.queue, limit, self.member_id, self.lease, ended,
+            *(start.after or (None, None, None)),
+        )  # fmt: skip
         claimed = [row.claim_row() for row in rows if row.id is not None]
         self._room_misjudged = len(claimed) < len(rows)
         if len(claimed) == limit and self.workers.free_slots() > self.reserved:
             # Jobs were there for slots left free: the allocation held them back.
             metrics.record_throttled(self.queue, ["global_concurrency"])
         if len(claimed) == len(rows):
-            self.cursor.took(claimed, limit)
+            self._took(start, claimed, limit)
         elif claimed:  # as many as the allocation allowed: a full claim of that many
-            self.cursor.took(claimed, len(claimed))
+            self._took(start, claimed, len(claimed))
         return rows
 
     def _allocated(self, ceiling: int, demand: int) -> None:

@@ -334,6 +334,10 @@ class JobStatements(Rendered):
         )  # fmt: skip
         return rows_of(ClaimRow, records)
 
+    @statement("job_available_before")
+    async def job_available_before(self, conn: Conn, queue: str, key: ClaimKey) -> bool:
+        return bool(await conn.fetchval(self.sql("job_available_before"), queue, *key))
+
     @statement("job_claim_flow")
     async def job_claim_flow(
         self,

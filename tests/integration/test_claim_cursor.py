@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from pgjobd.completer import OwnEnds
 from pgjobd.model import ClaimedJob
-from pgjobd.producer import CURSOR_HEAD_S
+from pgjobd.producer import CURSOR_HEAD_S, MAX_POLL_S
 from pgjobd.queries import for_schema
+from pgjobd.statements.job import ClaimKey
 from tests.integration.test_plans import _plan
 from tests.integration.test_producer_slots import producer_running
 
@@ -92,6 +93,70 @@ async def test_a_claims_start_at_its_edges_takes_what_follows_it_or_is_refused(
     assert running == len(rows)
 
 
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    jobs=st.lists(
+        st.tuples(st.integers(-3, 3), st.integers(0, 3), st.sampled_from(["available", "running"])),
+        max_size=8,
+    ),
+    key=st.tuples(st.integers(-(2**15), 2**15 - 1), st.integers(-1, 4), st.integers(0, 12)),
+)
+async def test_a_look_behind_a_key_sees_exactly_the_available_jobs_before_it(
+    conn: asyncpg.Connection, schema: str,
+    jobs: list[tuple[int, int, str]], key: tuple[int, int, int],
+) -> None:  # fmt: skip
+    """job_available_before against its definition: some job of the queue is available
+    before the key in claim order (running jobs and other queues' do not count)."""
+    q = for_schema(schema)
+    await conn.execute(f"TRUNCATE {schema}.job")
+    t0 = datetime(2026, 12, 6, tzinfo=UTC)
+    for n, (priority, minutes, state) in enumerate(jobs, start=1):
+        lease = ("m", n, t0) if state == "running" else (None, None, None)
+        await conn.execute(
+            f"INSERT INTO {schema}.job (id, state, queue, kind, args, priority, run_at, "
+            "owner, fence, lease_expires_at) "
+            f"VALUES ($1, $2::{schema}.job_state, 'default', 'k', '{{}}', $3, $4, $5, $6, $7)",
+            n, state, priority, t0 + timedelta(minutes=minutes), *lease,
+        )  # fmt: skip
+        await conn.execute(  # (another queue's job before every key)
+            f"INSERT INTO {schema}.job (id, state, queue, kind, args, priority, run_at) "
+            "VALUES ($1, 'available', 'other', 'k', '{}', -32768, $2)",
+            n + 100, t0 - timedelta(days=1),
+        )  # fmt: skip
+    at = ClaimKey(key[0], t0 + timedelta(minutes=key[1]), key[2])
+    rows = await conn.fetch(f"SELECT priority, run_at, id, state FROM {schema}.job "
+                            "WHERE queue = 'default'")  # fmt: skip
+    expected = any(r["state"] == "available" and tuple(r)[:3] < tuple(at) for r in rows)
+    assert await q.job_available_before(conn, "default", at) == expected
+
+
+async def test_an_idle_producers_job_behind_its_cursor_starts_at_its_next_claim(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    """A claim that comes back empty keeps the cursor and looks behind it at once: an
+    urgent job enqueued behind an idle producer's cursor starts after the wake-up's
+    claim, the look and one claim from the head, with no wait for CURSOR_HEAD_S."""
+    await _enqueue(conn, schema, 1, priority=5)
+    workers = FreeingSlots()
+    async with producer_running(dsn, for_schema(schema), workers) as producer:
+        with anyio.fail_after(10):
+            while not workers.submitted:  # noqa: ASYNC110
+                await anyio.sleep(0.001)
+        cursor = producer.cursor.after
+        assert cursor is not None and cursor.priority == 5
+        await anyio.sleep(MAX_POLL_S * 2)  # idle: polls that come back empty
+        (urgent,) = await _enqueue(conn, schema, 1, priority=0)
+        producer.wakeup.set()  # (the NOTIFY's part: nothing listens here)
+        woken_at = anyio.current_time()
+        with anyio.fail_after(10):
+            while urgent not in [j.id for j in workers.submitted]:  # noqa: ASYNC110
+                await anyio.sleep(0.001)
+        waited = anyio.current_time() - woken_at
+    assert waited < CURSOR_HEAD_S, waited
+
+
 class FreeingSlots:
     """Four slots that free as soon as a job is handed over (a no-op handler)."""
 
@@ -136,7 +201,7 @@ async def test_a_job_behind_a_busy_producers_cursor_starts_within_its_head_inter
                 await anyio.sleep(0.001)
         waited = anyio.current_time() - enqueued_at
         ran = len(workers.submitted)
-    assert waited < CURSOR_HEAD_S + 0.5
+    assert waited < CURSOR_HEAD_S + 0.5, (waited, ran)
     assert ran < 20_000  # the backlog had not run out
 
 

@@ -20,7 +20,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -65,6 +65,12 @@ CASES = [
     Case(
         "job_claim",
         lambda s: (QUEUE, BATCH, "planner", timedelta(seconds=30), None, None, None),
+        (("job_claim_idx",),),
+    ),
+    # A producer's look behind its claim cursor (here: behind the last job of the queue).
+    Case(
+        "job_available_before",
+        lambda s: (QUEUE, 2**15 - 1, datetime.now(UTC) + timedelta(days=1), 2**62),
         (("job_claim_idx",),),
     ),
     # A queue whose only limit is its global_concurrency claims the places it reserved.
