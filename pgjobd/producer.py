@@ -189,6 +189,7 @@ class Producer:
         self.claim_seconds: list[float] = []  # recent claim durations, for metrics
         self.claimed = 0
         self.cursor = ClaimCursor()  # job_claim's start (queues without flow control)
+        self._look_due = False  # a claim asked for a look: asked once its jobs are handed over
         self._look_behind = anyio.Event()  # set: look for a job behind the cursor now
         self.path: ClaimPath | None = None  # which claim statement: None, not read yet
         self._allocated_at = -math.inf
@@ -325,6 +326,9 @@ class Producer:
             finally:
                 self.reserved -= limit
             failures = 0
+            if self._look_due:  # (after the hand-over, as the re-read below)
+                self._look_due = False
+                self._look_behind.set()
             if self._flow_recheck:
                 # Shielded as the claim is: a statement cut short sends a cancel request
                 # on a connection of its own, which a pool closing under it breaks.
@@ -375,7 +379,7 @@ class Producer:
 
     def _took(self, start: ClaimStart, rows: Sequence[ClaimRow], limit: int) -> None:
         if self.cursor.took(start, rows, limit):
-            self._look_behind.set()
+            self._look_due = True
 
     async def _look_behind_loop(self) -> None:
         """Look for a job available behind the claim cursor when a claim asks for it (see
