@@ -95,9 +95,10 @@ ALLOCATE_RENEW_S = 0.1
 # defaults: held at 0.30 of the free rate from the head every time, 0.55 every 8 claims;
 # see decisions.md). Whether a job waits behind the cursor (a higher priority, a
 # promoted or retried job due earlier, a transaction that committed after a later one, a
-# claim rolled back) is asked beside the claims (job_available_before, the walk from the
-# head without locks, in a task of its own): at once after a claim that came back short,
-# and every CURSOR_HEAD_S while claims come back full. So the claims stay after the
+# claim rolled back, the cursor's own job rescued by the reaper) is asked beside the
+# claims (job_available_behind, the walk from the head without locks, in a task of its
+# own): once the jobs of a claim that came back short are handed over, and every
+# CURSOR_HEAD_S while claims come back full. So the claims stay after the
 # cursor and a held horizon's walk is off their path, and a job behind the cursor waits
 # one look (and a claim from the head), up to CURSOR_HEAD_S while the queue has a
 # backlog.
@@ -145,8 +146,8 @@ class ClaimCursor:
         return False
 
     def behind(self, looked_after: ClaimKey) -> None:
-        """A job was available before `looked_after` (the cursor when the look began):
-        the next claim starts from the head."""
+        """A job was available at or before `looked_after` (the cursor when the look
+        began): the next claim starts from the head."""
         if self.after is not None and self.after >= looked_after:
             self.after = None
             self._epoch += 1
@@ -396,7 +397,7 @@ class Producer:
                 # Shielded as a claim is (a statement cut short: see _claim_loop).
                 with self._shielded() as scope:
                     async with db.acquire(self.pool) as conn:
-                        behind = await self.q.job_available_before(conn, self.queue, after)
+                        behind = await self.q.job_available_behind(conn, self.queue, *after)
                 if scope.cancelled_caught:
                     return
             except Exception as e:

@@ -146,20 +146,23 @@ RETURNING j.id, j.fence, j.kind, j.queue, j.attempt, j.max_attempts, j.crashes, 
           j.depends_on, j.after_jobs, j.blockers_failed,
           j.trace_context::text AS trace_context;
 
--- name: job_available_before
--- Whether queue $1 has an available job before ($2, $3, $4) in claim order: one a
+-- name: job_available_behind
+-- Whether a job of queue $1 is available at or before ($2, $3, $4) in claim order: one a
 -- producer's claim cursor has passed (a higher priority, a promoted or retried job due
--- earlier, a transaction that committed after a later one, a claim rolled back). Read
--- without locks, beside the claims: under a held xmin horizon this walk from the head
--- reads every index entry claimed since, and the claims after the cursor do not wait
--- for it (see pgjobd/producer.py, ClaimCursor). As job_claim's scan, up to its start.
+-- earlier, a transaction that committed after a later one, a claim rolled back), or
+-- the cursor's own job, available again (the reaper's rescue). Read without locks,
+-- beside the claims: under a held xmin horizon this walk from the head reads every
+-- index entry claimed since, and the claims after the cursor do not wait for it (see
+-- pgjobd/producer.py, ClaimCursor). As job_claim's scan, up to its start (in its
+-- order, so that the plan is the claim index's, never a scan of the table).
 -- $1 queue, $2 priority, $3 run_at, $4 id
-SELECT EXISTS (
-    SELECT FROM {{schema}}.job AS j
-    WHERE j.state = 'available' AND j.queue = $1
-      AND (j.priority, j.run_at, j.id) < ($2::smallint, $3::timestamptz, $4::bigint)
-      AND (j.expires_at IS NULL OR j.expires_at > now())
-);
+SELECT (SELECT j.id
+        FROM {{schema}}.job AS j
+        WHERE j.state = 'available' AND j.queue = $1
+          AND (j.priority, j.run_at, j.id) <= ($2::smallint, $3::timestamptz, $4::bigint)
+          AND (j.expires_at IS NULL OR j.expires_at > now())
+        ORDER BY j.priority, j.run_at, j.id
+        LIMIT 1) IS NOT NULL AS behind;
 
 -- name: flow_reserve
 -- Places for the next claim of member $3's claim loop $5 from queue $1, at most $2,

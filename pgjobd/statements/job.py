@@ -334,9 +334,17 @@ class JobStatements(Rendered):
         )  # fmt: skip
         return rows_of(ClaimRow, records)
 
-    @statement("job_available_before")
-    async def job_available_before(self, conn: Conn, queue: str, key: ClaimKey) -> bool:
-        return bool(await conn.fetchval(self.sql("job_available_before"), queue, *key))
+    @statement("job_available_behind")
+    async def job_available_behind(
+        self, conn: Conn, queue: str, after_priority: int, after_run_at: datetime, after_id: int
+    ) -> bool:
+        """Whether a job of the queue is available at or before that place in claim
+        order (a ClaimKey: a producer's cursor)."""
+        return bool(
+            await conn.fetchval(
+                self.sql("job_available_behind"), queue, after_priority, after_run_at, after_id
+            )
+        )
 
     @statement("job_claim_flow")
     async def job_claim_flow(

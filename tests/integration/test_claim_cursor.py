@@ -101,14 +101,19 @@ async def test_a_claims_start_at_its_edges_takes_what_follows_it_or_is_refused(
         st.tuples(st.integers(-3, 3), st.integers(0, 3), st.sampled_from(["available", "running"])),
         max_size=8,
     ),
-    key=st.tuples(st.integers(-(2**15), 2**15 - 1), st.integers(-1, 4), st.integers(0, 12)),
+    key=st.tuples(
+        st.integers(-(2**15), 2**15 - 1) | st.integers(-3, 3),
+        st.integers(-1, 4),
+        st.integers(0, 12),
+    ),
 )
-async def test_a_look_behind_a_key_sees_exactly_the_available_jobs_before_it(
+async def test_a_look_behind_a_key_sees_exactly_the_available_jobs_at_or_before_it(
     conn: asyncpg.Connection, schema: str,
     jobs: list[tuple[int, int, str]], key: tuple[int, int, int],
 ) -> None:  # fmt: skip
-    """job_available_before against its definition: some job of the queue is available
-    before the key in claim order (running jobs and other queues' do not count)."""
+    """job_available_behind against its definition: some job of the queue is available
+    at or before the key in claim order (running jobs and other queues' do not
+    count)."""
     q = for_schema(schema)
     await conn.execute(f"TRUNCATE {schema}.job")
     t0 = datetime(2026, 12, 6, tzinfo=UTC)
@@ -128,8 +133,8 @@ async def test_a_look_behind_a_key_sees_exactly_the_available_jobs_before_it(
     at = ClaimKey(key[0], t0 + timedelta(minutes=key[1]), key[2])
     rows = await conn.fetch(f"SELECT priority, run_at, id, state FROM {schema}.job "
                             "WHERE queue = 'default'")  # fmt: skip
-    expected = any(r["state"] == "available" and tuple(r)[:3] < tuple(at) for r in rows)
-    assert await q.job_available_before(conn, "default", at) == expected
+    expected = any(r["state"] == "available" and tuple(r)[:3] <= tuple(at) for r in rows)
+    assert await q.job_available_behind(conn, "default", *at) == expected
 
 
 async def test_an_idle_producers_job_behind_its_cursor_starts_at_its_next_claim(
@@ -246,3 +251,29 @@ async def test_a_claim_after_its_cursor_skips_what_a_held_horizon_keeps_at_the_h
     }
     assert head["Actual Rows"] == after["Actual Rows"] == 50
     assert buffers["after"] < 25 * 50 < buffers["head"], buffers
+
+
+async def test_the_cursors_own_job_rescued_starts_again(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    """Regression: a job the reaper made available again keeps its place in claim order,
+    which was the idle producer's cursor itself: claims start after it and the look
+    asked only before it, so it never started again (e2e
+    test_a_job_claimed_again_by_its_member_keeps_its_live_attempt, CI)."""
+    (job_id,) = await _enqueue(conn, schema, 1, priority=5)
+    workers = FreeingSlots()
+    async with producer_running(dsn, for_schema(schema), workers) as producer:
+        with anyio.fail_after(10):
+            while not workers.submitted:  # noqa: ASYNC110
+                await anyio.sleep(0.001)
+        cursor = producer.cursor.after
+        assert cursor is not None and cursor.id == job_id
+        await conn.execute(  # what the reaper does to a job whose lease ran out
+            f"UPDATE {schema}.job SET state = 'available', fence = NULL, owner = NULL, "
+            "lease_expires_at = NULL WHERE id = $1",
+            job_id,
+        )
+        with anyio.fail_after(MAX_POLL_S + 2):
+            while len(workers.submitted) < 2:  # noqa: ASYNC110
+                await anyio.sleep(0.001)
+    assert [j.id for j in workers.submitted] == [job_id, job_id]

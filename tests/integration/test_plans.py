@@ -69,7 +69,7 @@ CASES = [
     ),
     # A producer's look behind its claim cursor (here: behind the last job of the queue).
     Case(
-        "job_available_before",
+        "job_available_behind",
         lambda s: (QUEUE, 2**15 - 1, datetime.now(UTC) + timedelta(days=1), 2**62),
         (("job_claim_idx",),),
     ),
