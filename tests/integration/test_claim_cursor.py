@@ -4,7 +4,8 @@ available behind a busy producer's cursor still starts within CURSOR_HEAD_S."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
 import anyio
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from pgjobd.completer import OwnEnds
 from pgjobd.model import ClaimedJob
-from pgjobd.producer import CURSOR_HEAD_S, MAX_POLL_S
+from pgjobd.producer import CURSOR_HEAD_S, MAX_POLL_S, Producer
 from pgjobd.queries import for_schema
 from pgjobd.statements.job import ClaimKey
 from tests.integration.test_plans import _plan
@@ -137,20 +138,30 @@ async def test_a_look_behind_a_key_sees_exactly_the_available_jobs_at_or_before_
     assert await q.job_available_behind(conn, "default", *at) == expected
 
 
-async def test_an_idle_producers_job_behind_its_cursor_starts_at_its_next_claim(
+@asynccontextmanager
+async def past_one_job(
     dsn: str, conn: asyncpg.Connection, schema: str
-) -> None:
-    """A claim that comes back empty keeps the cursor and looks behind it at once: an
-    urgent job enqueued behind an idle producer's cursor starts after the wake-up's
-    claim, the look and one claim from the head, with no wait for CURSOR_HEAD_S."""
-    await _enqueue(conn, schema, 1, priority=5)
+) -> AsyncIterator[tuple[Producer, FreeingSlots, int]]:
+    """A running producer of a queue that held one job (priority 5), once it handed that
+    job over: its cursor is that job's place."""
+    (job_id,) = await _enqueue(conn, schema, 1, priority=5)
     workers = FreeingSlots()
     async with producer_running(dsn, for_schema(schema), workers) as producer:
         with anyio.fail_after(10):
             while not workers.submitted:  # noqa: ASYNC110
                 await anyio.sleep(0.001)
         cursor = producer.cursor.after
-        assert cursor is not None and cursor.priority == 5
+        assert cursor is not None and cursor.id == job_id
+        yield producer, workers, job_id
+
+
+async def test_an_idle_producers_job_behind_its_cursor_starts_at_its_next_claim(
+    dsn: str, conn: asyncpg.Connection, schema: str
+) -> None:
+    """A claim that comes back empty keeps the cursor and looks behind it at once: an
+    urgent job enqueued behind an idle producer's cursor starts after the wake-up's
+    claim, the look and one claim from the head, with no wait for CURSOR_HEAD_S."""
+    async with past_one_job(dsn, conn, schema) as (producer, workers, _):
         await anyio.sleep(MAX_POLL_S * 2)  # idle: polls that come back empty
         (urgent,) = await _enqueue(conn, schema, 1, priority=0)
         producer.wakeup.set()  # (the NOTIFY's part: nothing listens here)
@@ -260,14 +271,7 @@ async def test_the_cursors_own_job_rescued_starts_again(
     which was the idle producer's cursor itself: claims start after it and the look
     asked only before it, so it never started again (e2e
     test_a_job_claimed_again_by_its_member_keeps_its_live_attempt, CI)."""
-    (job_id,) = await _enqueue(conn, schema, 1, priority=5)
-    workers = FreeingSlots()
-    async with producer_running(dsn, for_schema(schema), workers) as producer:
-        with anyio.fail_after(10):
-            while not workers.submitted:  # noqa: ASYNC110
-                await anyio.sleep(0.001)
-        cursor = producer.cursor.after
-        assert cursor is not None and cursor.id == job_id
+    async with past_one_job(dsn, conn, schema) as (_, workers, job_id):
         await conn.execute(  # what the reaper does to a job whose lease ran out
             f"UPDATE {schema}.job SET state = 'available', fence = NULL, owner = NULL, "
             "lease_expires_at = NULL WHERE id = $1",
