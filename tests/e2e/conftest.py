@@ -81,11 +81,17 @@ class MemberProcess:
         # Signals go through a pidfd, not process.send_signal: that polls the child
         # first (subprocess.Popen.send_signal) and so can reap it under asyncio's child
         # watcher, which then reports exit code 255 for a member that exited 0.
-        self._pidfd = os.pidfd_open(process.pid)
-        weakref.finalize(self, os.close, self._pidfd)
+        # A child that ended quickly may already be reaped by the watcher: no pidfd, and
+        # nothing to signal.
+        self._pidfd: int | None = None
+        with contextlib.suppress(ProcessLookupError):
+            self._pidfd = os.pidfd_open(process.pid)
+            weakref.finalize(self, os.close, self._pidfd)
 
     def send_signal(self, sig: int) -> None:
         """Signal the member unless it has ended; never another process that took its pid."""
+        if self._pidfd is None:
+            return
         with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(self._pidfd, sig)
 

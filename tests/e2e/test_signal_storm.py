@@ -49,3 +49,16 @@ async def test_signalling_a_member_process_never_takes_its_exit_status(tmp_path:
             child.send_signal(signal.SIGCONT)
             await anyio.lowlevel.checkpoint()
         assert await process.wait() == 0
+
+
+async def test_a_process_reaped_before_it_is_watched_takes_no_signal(tmp_path: Path) -> None:
+    """CI at 3585ef3: a `sleep 0.01` above ended and was reaped by asyncio's child
+    watcher before MemberProcess opened its pidfd, and the constructor raised
+    ProcessLookupError. A process already reaped is one that ended: it takes no signal."""
+    log_path = tmp_path / "child.log"
+    log_path.touch()
+    process = await anyio.open_process(["true"])
+    assert await process.wait() == 0
+    child = MemberProcess(process, log_path)
+    child.send_signal(signal.SIGTERM)
+    assert process.returncode == 0
