@@ -2,9 +2,10 @@
 
 Creates schema ``bench_enqueue`` (migrated fresh), two copies of its hot table (``job_bare``:
 columns, defaults and identity only; ``job_indexed``: ``INCLUDING ALL`` plus the hot table's
-storage options) and a plain table with only a primary key (``job_pk``), runs every
+storage options) and a plain table with only a primary key (``job_pk``), and schema
+``bench_enqueue_lean``: migrated, less the hot table's trigger and name CHECKs. Runs every
 measurement once per repetition, interleaved (each on freshly truncated tables; the order
-reversed every other repetition), and drops the schema at the end. The client's earlier
+reversed every other repetition), and drops the schemas at the end. The client's earlier
 COPY paths (bench/enqueue_paths.py) run beside today's for an A/B. Not a test.
 
     /work/venv/bin/python bench/enqueue.py --reps 5 [--dsn DSN] [--json out.json] [--profile]
@@ -36,6 +37,14 @@ from pgjobd.client import Client, JobSpec, skip_session_reset
 from pgjobd.migrate import available, migrate
 
 SCHEMA = "bench_enqueue"
+# The same schema less the hot table's guards on what a producer's own INSERTs write (its
+# BEFORE INSERT trigger, which turns off COPY's multi-row inserts, and the name CHECKs):
+# what enqueue_many could reach without them.
+LEAN = "bench_enqueue_lean"
+LEAN_GUARDS = f"""
+    DROP TRIGGER job_tenant_guard ON {LEAN}.job;
+    ALTER TABLE {LEAN}.job DROP CONSTRAINT job_kind_name_valid,
+                           DROP CONSTRAINT job_queue_name_valid"""
 DEFAULT_DSN = "postgresql://root@127.0.0.1:5432/test"
 TABLES = ("job", "job_bare", "job_indexed", "job_pk")
 RAW_COLUMNS = ("state", "queue", "kind", "priority", "run_at", "args", "max_attempts")
@@ -54,6 +63,8 @@ RATIOS: list[tuple[str, str, float | None]] = [
     ("enqueue_1tx", "raw_insert_1tx", None),
     ("many_copy", "many_copy_old", 1.0),  # issue 11: won back, one home for defaults kept
     ("many_copy", "raw_copy_pk", 0.5),  # issue 17, item 8
+    ("many_copy_lean", "raw_copy_pk", None),
+    ("raw_copy_lean", "raw_copy_pk", None),
     ("many_copy", "raw_copy_job", None),
     ("many_copy", "raw_copy_indexed", None),
     ("many_copy", "raw_copy_bare", None),
@@ -151,9 +162,9 @@ def build(
         for p in payloads[:single_n]:
             await raw.execute(RAW_ONE, p)
 
-    def copy(table: str) -> Callable[[], Awaitable[object]]:
+    def copy(table: str, schema: str = SCHEMA) -> Callable[[], Awaitable[object]]:
         return lambda: raw.copy_records_to_table(
-            table, schema_name=SCHEMA, columns=RAW_COLUMNS, records=records
+            table, schema_name=schema, columns=RAW_COLUMNS, records=records
         )
 
     def insert(table: str) -> Callable[[], Awaitable[object]]:
@@ -183,6 +194,8 @@ def build(
                 enqueue_each_one_txn, pgjobd=True),
         Measure("many_copy", "pgjobd enqueue_many, COPY path", "job", n,
                 lambda: client.enqueue_many(tuples), pgjobd=True),
+        Measure("many_copy_lean", "… into the hot table less its guards", f"{LEAN}.job", n,
+                lambda: clients["lean"].enqueue_many(tuples), pgjobd=True),
         Measure("many_copy_old", "… its path before issue 11", "job", n,
                 lambda: clients["old"].enqueue_many(tuples), pgjobd=True),
         Measure("many_copy_staged", "… its staged path (issue 11)", "job", n,
@@ -194,6 +207,8 @@ def build(
         Measure("raw_copy_pk", "raw COPY, only a PK, args encoded in time", "job_pk", n,
                 copy_serialising),
         Measure("raw_copy_job", "raw COPY into the hot table itself", "job", n, copy("job")),
+        Measure("raw_copy_lean", "raw COPY, the hot table less its guards", f"{LEAN}.job", n,
+                copy("job", LEAN)),
         Measure("raw_copy_bare", "raw COPY, unindexed copy", "job_bare", n, copy("job_bare")),
         Measure("raw_copy_indexed", "raw COPY, indexed copy", "job_indexed", n,
                 copy("job_indexed")),
@@ -219,7 +234,7 @@ def backend_cpu(pids: list[int]) -> float:
 
 
 async def timed(admin: asyncpg.Connection, conns: list[CountingConnection], m: Measure) -> None:
-    tables = ", ".join(f"{SCHEMA}.{t}" for t in TABLES)
+    tables = ", ".join([*(f"{SCHEMA}.{t}" for t in TABLES), f"{LEAN}.job"])
     await admin.execute(f"TRUNCATE {tables}")
     for conn in conns:
         conn.sent.clear()
@@ -239,7 +254,8 @@ async def timed(admin: asyncpg.Connection, conns: list[CountingConnection], m: M
         for q, seconds in conn.sent:
             waits[q] = waits.get(q, 0.0) + seconds
     m.waits.append(waits)
-    count = await admin.fetchval(f"SELECT count(*) FROM {SCHEMA}.{m.table}")
+    table = m.table if "." in m.table else f"{SCHEMA}.{m.table}"
+    count = await admin.fetchval(f"SELECT count(*) FROM {table}")
     if count != m.jobs:
         raise RuntimeError(f"{m.key}: expected {m.jobs} rows in {m.table}, found {count}")
 
@@ -292,7 +308,8 @@ def report(measures: list[Measure], noise: list[tuple[int, float]]) -> dict[str,
         )
     print("\nwhere the time goes, ms, median of the reps (a statement: until its answer; "
           "the client: the rest of the call)")  # fmt: skip
-    spent_in = ("many_copy", "many_copy_old", "many_copy_staged", "raw_copy_pk", "raw_copy_job")
+    spent_in = ("many_copy", "many_copy_lean", "many_copy_old", "many_copy_staged", "raw_copy_pk",
+                "raw_copy_job", "raw_copy_lean")  # fmt: skip
     for key in (k for k in spent_in if k in by_key):
         m = by_key[key]
         spent = {q: statistics.median(w.get(q, 0.0) for w in m.waits) * 1000
@@ -330,9 +347,12 @@ async def profile_copy(client: Client, n: int) -> None:
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     admin = await asyncpg.connect(args.dsn)
-    await admin.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    drop = f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; DROP SCHEMA IF EXISTS {LEAN} CASCADE"
+    await admin.execute(drop)
     try:
         await migrate(admin, SCHEMA)
+        await migrate(admin, LEAN)
+        await admin.execute(LEAN_GUARDS)
         options = await admin.fetchval(f"SELECT reloptions FROM pg_class "
                                        f"WHERE oid = '{SCHEMA}.job'::regclass")  # fmt: skip
         await admin.execute(f"""
@@ -358,7 +378,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         )
         clients = {"today": Client(pool, schema=SCHEMA),
                    "old": OldCopyClient(pool, schema=SCHEMA),
-                   "staged": StagedCopyClient(pool, schema=SCHEMA)}  # fmt: skip
+                   "staged": StagedCopyClient(pool, schema=SCHEMA),
+                   "lean": Client(pool, schema=LEAN)}  # fmt: skip
         client = clients["today"]
         try:
             conns = [*pooled, raw]
@@ -391,7 +412,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 "server": admin.get_server_version()._asdict(), "noise": noise,
                 "measurements": figures, **extra}  # fmt: skip
     finally:
-        await admin.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        await admin.execute(drop)
         await admin.close()
 
 

@@ -138,6 +138,9 @@ class Results:
     drains: dict[str, list[Drain]] = field(default_factory=dict)
     raw: dict[str, list[float]] = field(default_factory=dict)  # jobs/s by history
     trickle: list[dict[str, float]] = field(default_factory=list)
+    # The same trickle with every commit not waited for (synchronous_commit = off in the
+    # member's and the enqueuer's sessions): what the durable commits cost its latency.
+    trickle_unflushed: list[dict[str, float]] = field(default_factory=list)
     peers: list[dict[str, Any]] = field(default_factory=list)  # the harness' JSONL rows
     statement_log: list[StatementLog] = field(default_factory=list)
     log_drains: list[Drain] = field(default_factory=list)
@@ -407,10 +410,20 @@ async def raw_lifecycle(h: Harness, client: Client, q: Queries, n: int, keep: bo
     return n / seconds
 
 
-async def trickle(h: Harness, client: Client, count: int, rate: float) -> dict[str, float]:
+def with_settings(dsn: str, **settings: str) -> str:
+    """`dsn` with server settings for its sessions (asyncpg takes unknown parameters so)."""
+    separator = "&" if urlsplit(dsn).query else "?"
+    return dsn + separator + "&".join(f"{name}={value}" for name, value in settings.items())
+
+
+async def trickle(
+    h: Harness, client: Client, count: int, rate: float, *, dsn: str | None = None
+) -> dict[str, float]:
+    """Jobs enqueued one at a time at `rate`; each one's enqueue-to-start latency. `dsn`
+    (the member's; `client` should be on the same) defaults to the harness'."""
     await h.admin.execute(f"TRUNCATE {SCHEMA}.job, {SCHEMA}.job_history, {SCHEMA}.job_attempt")
     history = f"SELECT count(*) FROM {SCHEMA}.job_history"
-    async with member(h.dsn, Round(1, 50, "all"), "trickle") as running:
+    async with member(dsn or h.dsn, Round(1, 50, "all"), "trickle") as running:
         await h.poll(f"SELECT count(*) FROM {SCHEMA}.member", lambda v: v > 0, running, 0.01)
         await client.enqueue("bench_latency", {"i": -1})  # warm-up: no "t", not recorded
         await h.poll(history, lambda v: v >= 1, running)
@@ -439,6 +452,15 @@ async def trickle(h: Harness, client: Client, count: int, rate: float) -> dict[s
             "enqueue_p99_ms": percentile(enqueue_ms, 99),
             "after_p50_ms": percentile(after, 50),
             "after_p99_ms": percentile(after, 99)}  # fmt: skip
+
+
+async def unflushed_trickle(h: Harness, count: int, rate: float) -> dict[str, float]:
+    """The trickle again with synchronous_commit = off in every session of the member and
+    of the enqueuer: the same path with no commit waiting for its WAL flush (not a
+    setting pgjobd may run with: a claim or an enqueue lost in a crash of the server)."""
+    dsn = with_settings(h.dsn, synchronous_commit="off")
+    async with await Client.connect(dsn, schema=h.schema, max_size=2) as client:
+        return await trickle(h, client, count, rate, dsn=dsn)
 
 
 _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\S* \S+ \[(\d+)\]")
@@ -487,8 +509,7 @@ async def logged_drain(h: Harness, client: Client, rnd: Round, n: int, *, server
     except OSError as e:
         print(f"statement log: server log {server_log} not readable ({e}): claim p99 n/a")
         return None
-    separator = "&" if urlsplit(h.dsn).query else "?"
-    dsn = f"{h.dsn}{separator}log_min_duration_statement=0"
+    dsn = with_settings(h.dsn, log_min_duration_statement="0")
     result = await drain(h, client, rnd, n, dsn=dsn, prefix="logged")
     return result, read_statement_log(read_from(server_log, offset), q)
 
@@ -662,6 +683,15 @@ def report(r: Results) -> None:
               f"{spread([t['after_p50_ms'] for t in r.trickle], '.2f'):>25} / "
               f"{spread([t['after_p99_ms'] for t in r.trickle], '.2f')}  (wake-up, claim, "
               f"hand-over)")  # fmt: skip
+    if r.trickle_unflushed:
+        print("the same, no commit waiting for its flush (synchronous_commit = off):")
+        for key, label in (("", "trickle"), ("enqueue_", "  the enqueue"),
+                           ("after_", "  after the enqueue")):  # fmt: skip
+            print(
+                f"{'  ' + label + ' p50 / p99':<34} "
+                f"{spread([t[key + 'p50_ms'] for t in r.trickle_unflushed], '.2f'):>25} / "
+                f"{spread([t[key + 'p99_ms'] for t in r.trickle_unflushed], '.2f')}"
+            )
     peers: dict[str, list[float]] = {}
     for row in r.peers:
         if row["kind"].startswith("drain"):
@@ -783,6 +813,11 @@ async def main(args: argparse.Namespace) -> Results:
                         results.trickle.append(t)
                         print(f"rep {rep} trickle: p50 {t['p50_ms']:.2f} "
                               f"p99 {t['p99_ms']:.2f} ms", flush=True)  # fmt: skip
+                        t = await unflushed_trickle(h, args.trickle, args.trickle_rate)
+                        results.trickle_unflushed.append(t)
+                        print(f"rep {rep} trickle, commits not waited for: "
+                              f"p50 {t['p50_ms']:.2f} p99 {t['p99_ms']:.2f} ms",
+                              flush=True)  # fmt: skip
                     for peer in args.peers.split():
                         run_peer(peer, rep, args.n, peers_out, args.dsn)
                 results.peers = [json.loads(line) for line in read_from(peers_out, 0).splitlines()]
