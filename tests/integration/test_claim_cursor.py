@@ -4,6 +4,7 @@ available behind a busy producer's cursor still starts within CURSOR_HEAD_S."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -140,12 +141,12 @@ async def test_a_look_behind_a_key_sees_exactly_the_available_jobs_at_or_before_
 
 @asynccontextmanager
 async def past_one_job(
-    dsn: str, conn: asyncpg.Connection, schema: str
+    dsn: str, conn: asyncpg.Connection, schema: str, workers: FreeingSlots | None = None
 ) -> AsyncIterator[tuple[Producer, FreeingSlots, int]]:
     """A running producer of a queue that held one job (priority 5), once it handed that
     job over: its cursor is that job's place."""
     (job_id,) = await _enqueue(conn, schema, 1, priority=5)
-    workers = FreeingSlots()
+    workers = workers or FreeingSlots()
     async with producer_running(dsn, for_schema(schema), workers) as producer:
         with anyio.fail_after(10):
             while not workers.submitted:  # noqa: ASYNC110
@@ -162,7 +163,11 @@ async def test_an_idle_producers_job_behind_its_cursor_starts_at_its_next_claim(
     urgent job enqueued behind an idle producer's cursor starts after the wake-up's
     claim, the look and one claim from the head, with no wait for CURSOR_HEAD_S."""
     async with past_one_job(dsn, conn, schema) as (producer, workers, _):
-        await anyio.sleep(MAX_POLL_S * 2)  # idle: polls that come back empty
+        claims = len(producer.claim_seconds)
+        with anyio.fail_after(MAX_POLL_S * 3):
+            while len(producer.claim_seconds) < claims + 2:  # noqa: ASYNC110 (idle: empty claims)
+                await anyio.sleep(0.01)
+        assert producer.claimed == 1
         (urgent,) = await _enqueue(conn, schema, 1, priority=0)
         producer.wakeup.set()  # (the NOTIFY's part: nothing listens here)
         woken_at = anyio.current_time()
@@ -195,6 +200,63 @@ class FreeingSlots:
         self.submitted += jobs
         self._changed.set()
         self._changed = anyio.Event()
+
+
+def events(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [getattr(record, "event", "") for record in caplog.records]
+
+
+class SlotsThatLockTheTable(FreeingSlots):
+    """FreeingSlots whose next hand-over, once `lock_on` is set, ends with the job table
+    locked (ACCESS EXCLUSIVE, in a transaction left open on that connection): the look
+    behind the cursor that follows the hand-over waits for the lock."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock_on: tuple[asyncpg.Connection, str] | None = None
+        self.locked = anyio.Event()
+
+    async def submit_many(self, jobs: Sequence[ClaimedJob]) -> None:
+        await super().submit_many(jobs)
+        if self.lock_on is not None:
+            holder, schema = self.lock_on
+            self.lock_on = None
+            await holder.execute(f"BEGIN; LOCK TABLE {schema}.job IN ACCESS EXCLUSIVE MODE")
+            self.locked.set()
+
+
+async def test_a_look_whose_connection_is_lost_is_asked_again_by_the_next_claim(
+    dsn: str, conn: asyncpg.Connection, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The look's session ends under it (its backend terminated while the look waits for
+    a lock): the producer logs producer.look_behind_failed and goes on, the next claim
+    asks for a look again, and a job behind the cursor still starts."""
+    caplog.set_level(logging.WARNING, logger="pgjobd.producer")
+    workers = SlotsThatLockTheTable()
+    async with past_one_job(dsn, conn, schema, workers) as (producer, _, _):
+        holder = await asyncpg.connect(dsn)
+        try:  # (closed before the producer stops: a claim waiting for the lock is shielded)
+            workers.lock_on = (holder, schema)  # at the next (empty) claim's hand-over
+            with anyio.fail_after(MAX_POLL_S + 5):
+                await workers.locked.wait()
+                look = None
+                while look is None:  # (the statement's opening: its text is cut at 1 kB)
+                    look = await conn.fetchval(
+                        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND left(query, 200) = left($1, 200)",
+                        for_schema(schema).sql("job_available_behind"),
+                    )
+            assert await conn.fetchval("SELECT pg_terminate_backend($1)", look)
+        finally:
+            await holder.close()
+        with anyio.fail_after(10):
+            while "producer.look_behind_failed" not in events(caplog):  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        (urgent,) = await _enqueue(conn, schema, 1, priority=0)  # behind the cursor
+        producer.wakeup.set()
+        with anyio.fail_after(MAX_POLL_S + 5):
+            while urgent not in [j.id for j in workers.submitted]:  # noqa: ASYNC110
+                await anyio.sleep(0.001)
 
 
 async def test_a_job_behind_a_busy_producers_cursor_starts_within_its_head_interval(
