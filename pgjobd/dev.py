@@ -45,7 +45,6 @@ SELECT pgjobd.enqueue('hello', '{"name": "world"}'::jsonb, unique_key => 'dev-ex
                                           "event": "signup"}'::jsonb,
                       unique_key => 'dev-example-5')
 """
-_DAEMON_JOINED_SQL = "SELECT EXISTS (SELECT FROM pgjobd.member)"
 _DAEMON_CONFIG = """\
 # Written by `pgjobd dev` for its daemon; edit config/dev.toml for your own runs.
 [database]
@@ -244,7 +243,7 @@ async def _enqueue_examples(cluster: Cluster, daemon: subprocess.Popen[bytes] | 
     try:
         deadline = time.monotonic() + DAEMON_JOIN_WAIT_S
         while daemon is not None and daemon.poll() is None and time.monotonic() < deadline:
-            if await conn.fetchval(_DAEMON_JOINED_SQL):
+            if await conn.fetchval(f"SELECT EXISTS (SELECT FROM {SCHEMA}.member)"):
                 break
             await asyncio.sleep(0.1)
         ids = await conn.fetchrow(_EXAMPLE_JOBS_SQL)
