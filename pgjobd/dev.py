@@ -30,6 +30,8 @@ from pgjobd.errors import PgjobdError
 from pgjobd.migrate import migrate
 
 SCHEMA = "pgjobd"
+# How long the example jobs wait for the daemon to join the fleet (then go in anyway).
+DAEMON_JOIN_WAIT_S = 30.0
 DATABASE = "pgjobd"
 # unique_key makes a restart return the waiting example jobs instead of adding more.
 _EXAMPLE_JOBS_SQL = """
@@ -43,6 +45,7 @@ SELECT pgjobd.enqueue('hello', '{"name": "world"}'::jsonb, unique_key => 'dev-ex
                                           "event": "signup"}'::jsonb,
                       unique_key => 'dev-example-5')
 """
+_DAEMON_JOINED_SQL = "SELECT EXISTS (SELECT FROM pgjobd.member)"
 _DAEMON_CONFIG = """\
 # Written by `pgjobd dev` for its daemon; edit config/dev.toml for your own runs.
 [database]
@@ -171,6 +174,7 @@ def _run(args: argparse.Namespace) -> int:
             _say(f"pgjobd dev: server started on 127.0.0.1:{cluster.port} (pid {cluster.pid})")
         asyncio.run(_prepare(cluster))
         daemon = _start_daemon(cluster, args.handlers)
+        asyncio.run(_enqueue_examples(cluster, daemon))
         _say_ready(cluster)
         while cluster.running and (daemon is None or daemon.poll() is None):
             time.sleep(0.5)
@@ -211,12 +215,16 @@ def _reset(cluster: Cluster) -> None:
     _say(f"pgjobd dev: deleted {cluster.data_dir}")
 
 
+async def _connect(cluster: Cluster) -> asyncpg.Connection:
+    return await asyncpg.connect(
+        cluster.dsn(DATABASE), **db.connect_options(Config(), "pgjobd dev")
+    )
+
+
 async def _prepare(cluster: Cluster) -> None:
     if await cluster.ensure_database(DATABASE):
         _say(f"pgjobd dev: created database {DATABASE}")
-    conn = await asyncpg.connect(
-        cluster.dsn(DATABASE), **db.connect_options(Config(), "pgjobd dev")
-    )
+    conn = await _connect(cluster)
     try:
         applied = await migrate(conn, SCHEMA)
         if applied:
@@ -224,6 +232,21 @@ async def _prepare(cluster: Cluster) -> None:
             _say(f"pgjobd dev: schema {SCHEMA} migrated (applied {versions})")
         else:
             _say(f"pgjobd dev: schema {SCHEMA} is up to date")
+    finally:
+        await conn.close()
+
+
+async def _enqueue_examples(cluster: Cluster, daemon: subprocess.Popen[bytes] | None) -> None:
+    """The example jobs, once the daemon is in the fleet: it joins after declaring its
+    handlers' kinds, so the jobs get those kinds' defaults (max_attempts, queue...), as an
+    application's enqueue would. Enqueued before, they got the global defaults."""
+    conn = await _connect(cluster)
+    try:
+        deadline = time.monotonic() + DAEMON_JOIN_WAIT_S
+        while daemon is not None and daemon.poll() is None and time.monotonic() < deadline:
+            if await conn.fetchval(_DAEMON_JOINED_SQL):
+                break
+            await asyncio.sleep(0.1)
         ids = await conn.fetchrow(_EXAMPLE_JOBS_SQL)
         _say(f"pgjobd dev: example jobs enqueued: ids {', '.join(map(str, ids))}")
     finally:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,10 +98,40 @@ def daemons_of(data_dir: Path) -> list[str]:
     return found
 
 
+def daemons_left(data_dir: Path, within_s: float) -> list[str]:
+    """daemons_of(data_dir) once it is empty, or as it is after `within_s`."""
+    deadline = time.monotonic() + within_s
+    while (found := daemons_of(data_dir)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
+
+
+def example_max_attempts(dsn: str) -> dict[str, int]:
+    """Each example job's max_attempts by kind, waiting or finished."""
+
+    async def read() -> dict[str, int]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            rows = await conn.fetch(
+                "SELECT kind, max_attempts FROM pgjobd.job WHERE unique_key LIKE 'dev-example-%' "
+                "UNION ALL SELECT kind, max_attempts FROM pgjobd.job_history "
+                "WHERE unique_key LIKE 'dev-example-%'"
+            )
+        finally:
+            await conn.close()
+        return {row["kind"]: row["max_attempts"] for row in rows}
+
+    return anyio.run(read)
+
+
 def test_dev_serves_jobs_and_stops_on_sigint(data_dir: Path) -> None:
     dev = DevProcess(data_dir)
     dsn = dev.wait_ready()
     assert completed_hellos(dsn, at_least=2) >= 2  # the two due examples ran
+    # Enqueued once the daemon has declared its kinds: with their handlers' defaults
+    # (before, the examples went in first and took the global default, 20 attempts).
+    attempts = example_max_attempts(dsn)
+    assert attempts["flaky_webhook"] == 5 and attempts["build_report"] == 3, attempts
     assert dev.interrupt() == 0, "".join(dev.output)
     assert server_processes(data_dir) == []
     assert daemons_of(data_dir) == []
@@ -121,4 +152,6 @@ def test_dev_adopts_the_server_of_a_killed_run(data_dir: Path) -> None:
     assert completed_hellos(dsn, at_least=2) >= 2
     assert second.interrupt() == 0, "".join(second.output)
     assert server_processes(data_dir) == []
-    assert daemons_of(data_dir) == []
+    # The killed run's daemon had its parent-death SIGTERM and drains for up to its
+    # drain_timeout (5 s) with jobs in flight: it leaves within that, with a margin.
+    assert daemons_left(data_dir, within_s=20) == []
