@@ -417,13 +417,17 @@ def with_settings(dsn: str, **settings: str) -> str:
 
 
 async def trickle(
-    h: Harness, client: Client, count: int, rate: float, *, dsn: str | None = None
+    h: Harness, count: int, rate: float, *, dsn: str | None = None
 ) -> dict[str, float]:
-    """Jobs enqueued one at a time at `rate`; each one's enqueue-to-start latency. `dsn`
-    (the member's; `client` should be on the same) defaults to the harness'."""
+    """Jobs enqueued one at a time at `rate`; each one's enqueue-to-start latency. The
+    member and the enqueuer's client both connect with `dsn` (the harness' by default)."""
     await h.admin.execute(f"TRUNCATE {SCHEMA}.job, {SCHEMA}.job_history, {SCHEMA}.job_attempt")
     history = f"SELECT count(*) FROM {SCHEMA}.job_history"
-    async with member(dsn or h.dsn, Round(1, 50, "all"), "trickle") as running:
+    dsn = dsn or h.dsn
+    async with (
+        await Client.connect(dsn, schema=h.schema, max_size=2) as client,
+        member(dsn, Round(1, 50, "all"), "trickle") as running,
+    ):
         await h.poll(f"SELECT count(*) FROM {SCHEMA}.member", lambda v: v > 0, running, 0.01)
         await client.enqueue("bench_latency", {"i": -1})  # warm-up: no "t", not recorded
         await h.poll(history, lambda v: v >= 1, running)
@@ -458,9 +462,7 @@ async def unflushed_trickle(h: Harness, count: int, rate: float) -> dict[str, fl
     """The trickle again with synchronous_commit = off in every session of the member and
     of the enqueuer: the same path with no commit waiting for its WAL flush (not a
     setting pgjobd may run with: a claim or an enqueue lost in a crash of the server)."""
-    dsn = with_settings(h.dsn, synchronous_commit="off")
-    async with await Client.connect(dsn, schema=h.schema, max_size=2) as client:
-        return await trickle(h, client, count, rate, dsn=dsn)
+    return await trickle(h, count, rate, dsn=with_settings(h.dsn, synchronous_commit="off"))
 
 
 _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\S* \S+ \[(\d+)\]")
@@ -809,7 +811,7 @@ async def main(args: argparse.Namespace) -> Results:
                         print(f"rep {rep} raw lifecycle {history}: {rate:,.0f} jobs/s",
                               flush=True)  # fmt: skip
                     if args.trickle:
-                        t = await trickle(h, client, args.trickle, args.trickle_rate)
+                        t = await trickle(h, args.trickle, args.trickle_rate)
                         results.trickle.append(t)
                         print(f"rep {rep} trickle: p50 {t['p50_ms']:.2f} "
                               f"p99 {t['p99_ms']:.2f} ms", flush=True)  # fmt: skip

@@ -88,6 +88,11 @@ class MemberProcess:
             self._pidfd = os.pidfd_open(process.pid)
             weakref.finalize(self, os.close, self._pidfd)
 
+    @property
+    def watched(self) -> bool:
+        """Whether the member was still there to watch (a pidfd is held) when wrapped."""
+        return self._pidfd is not None
+
     def send_signal(self, sig: int) -> None:
         """Signal the member unless it has ended; never another process that took its pid."""
         if self._pidfd is None:

@@ -59,6 +59,6 @@ async def test_a_process_reaped_before_it_is_watched_takes_no_signal(tmp_path: P
     log_path.touch()
     process = await anyio.open_process(["true"])
     assert await process.wait() == 0
-    child = MemberProcess(process, log_path)
-    child.send_signal(signal.SIGTERM)
-    assert process.returncode == 0
+    child = MemberProcess(process, log_path)  # raised ProcessLookupError before the fix
+    assert not child.watched
+    child.send_signal(signal.SIGTERM)  # nothing to signal: returns without raising

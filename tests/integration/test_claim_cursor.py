@@ -20,6 +20,7 @@ from pgjobd.model import ClaimedJob
 from pgjobd.producer import CURSOR_HEAD_S, MAX_POLL_S, Producer
 from pgjobd.queries import for_schema
 from pgjobd.statements.job import ClaimKey
+from tests.captured_events import events
 from tests.integration.test_plans import _plan
 from tests.integration.test_producer_slots import producer_running
 
@@ -202,10 +203,6 @@ class FreeingSlots:
         self._changed = anyio.Event()
 
 
-def events(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [getattr(record, "event", "") for record in caplog.records]
-
-
 class SlotsThatLockTheTable(FreeingSlots):
     """FreeingSlots whose next hand-over, once `lock_on` is set, ends with the job table
     locked (ACCESS EXCLUSIVE, in a transaction left open on that connection): the look
@@ -240,12 +237,12 @@ async def test_a_look_whose_connection_is_lost_is_asked_again_by_the_next_claim(
             with anyio.fail_after(MAX_POLL_S + 5):
                 await workers.locked.wait()
                 look = None
-                while look is None:  # (the statement's opening: its text is cut at 1 kB)
+                while look is None:  # the session the lock holds up (the look, and only it)
                     look = await conn.fetchval(
-                        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                        "AND left(query, 200) = left($1, 200)",
-                        for_schema(schema).sql("job_available_behind"),
-                    )
+                        "SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)) "
+                        "AND left(query, 200) = left($2, 200)",
+                        holder.get_server_pid(), for_schema(schema).sql("job_available_behind"),
+                    )  # fmt: skip
             assert await conn.fetchval("SELECT pg_terminate_backend($1)", look)
         finally:
             await holder.close()

@@ -19,6 +19,7 @@ from pgjobd.config import Config, CronEntry, DatabaseConfig
 from pgjobd.queries import for_schema
 from pgjobd.roles import Deposed, RoleContext
 from pgjobd.roles.cron import CronTicker, trigger
+from tests.captured_events import events, records_of
 
 pytestmark = pytest.mark.anyio
 
@@ -281,8 +282,8 @@ async def test_config_sync_adds_changes_and_removes(
     assert names["added"]["source"] == "config"
     assert names["from_api"]["source"] == "api"
     assert (names["taken"]["source"], names["taken"]["schedule"]) == ("config", "@hourly")
-    events = {getattr(r, "event", None) for r in caplog.records}
-    assert {"cron.added", "cron.changed", "cron.removed", "cron.taken_over"} <= events
+    logged = set(events(caplog))
+    assert {"cron.added", "cron.changed", "cron.removed", "cron.taken_over"} <= logged
 
     # Unchanged config: nothing is rewritten.
     before = await conn.fetchval(f"SELECT max(updated_at) FROM {schema}.cron")
@@ -315,7 +316,7 @@ async def test_bad_api_rows_are_logged_once_and_skipped(
         "cron:good:2026-05-01T10:02:00Z",
         "cron:good:2026-05-01T10:03:00Z",
     ]
-    bad = [r for r in caplog.records if getattr(r, "event", None) == "cron.bad_schedule"]
+    bad = records_of(caplog, "cron.bad_schedule")
     assert sorted(getattr(r, "cron", "") for r in bad) == ["bad_kind", "bad_schedule", "bad_zone"]
 
 

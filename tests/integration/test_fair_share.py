@@ -25,6 +25,7 @@ from pgjobd.queries import Queries, for_schema
 from pgjobd.roles import RoleContext
 from pgjobd.roles.queue_stats import QueueStats
 from pgjobd.statements.member import KindDeclared
+from tests.captured_events import records_of
 from tests.integration.test_flow_control import Fleet, _none_left, most_at_once
 
 pytestmark = pytest.mark.anyio
@@ -559,7 +560,7 @@ async def test_weights_disagreeing_members_last_writer_wins_and_it_is_logged(
         await write_queue_limits(conn, q, fair, "member-b", tenants={"acme": 5})
     weights = dict(await conn.fetch(f"SELECT tenant, weight FROM {schema}.tenant_weight"))
     assert weights == {"acme": 5}
-    events = [r for r in caplog.records if getattr(r, "event", "") == "flow.weights_disagree"]
+    events = records_of(caplog, "flow.weights_disagree")
     assert sorted(r.tenant for r in events) == ["acme", "beta"]  # type: ignore[attr-defined]
     # A member with neither [tenants] nor a fair queue leaves the weights alone.
     await write_queue_limits(conn, q, {"other": QueueConfig()}, "member-c")

@@ -35,6 +35,7 @@ from pgjobd.lock_keys import LEADER, lock_key
 from pgjobd.member.generations import write_queue_limits
 from pgjobd.queries import Queries, for_schema
 from pgjobd.statements.member import KindDeclared
+from tests.captured_events import records_of
 
 pytestmark = pytest.mark.anyio
 LEASE = timedelta(seconds=30)
@@ -714,14 +715,14 @@ async def test_limits_disagreeing_members_last_writer_wins_and_it_is_logged(
     row = await conn.fetchrow(f"SELECT * FROM {schema}.queue WHERE name = 'api'")
     assert (row["global_concurrency"], row["rate_limit"], row["limits_by"]) == (7, 10, "member-b")
     assert row["rate_window"] == timedelta(seconds=1)
-    (record,) = [r for r in caplog.records if getattr(r, "event", "") == "flow.limits_disagree"]
+    (record,) = records_of(caplog, "flow.limits_disagree")
     assert "member-a" in record.getMessage() and "global_concurrency=5" in record.getMessage()
     # The same limits again: nothing to say.
     caplog.clear()
     await write_queue_limits(
         conn, q, {"api": QueueConfig(global_concurrency=7, rate_limit="10/1s")}, "member-c"
     )
-    assert not [r for r in caplog.records if getattr(r, "event", "") == "flow.limits_disagree"]
+    assert not records_of(caplog, "flow.limits_disagree")
 
 
 async def test_status_shows_each_queues_limits(
