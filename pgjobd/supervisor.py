@@ -186,6 +186,9 @@ class QueueWorkers:
         self.failed: str | None = None
         # Set by the producer while the queue claims under flow control.
         self.own_ends: OwnEnds | None = None
+        # A job that crashed before found no worker to run it apart and was given back:
+        # more may wait (a dead member's jobs), so a claim takes one per worker with room.
+        self._apart_waiting = False
 
     # -- the producer's and lease keeper's interface ---------------------------------
 
@@ -194,9 +197,14 @@ class QueueWorkers:
         return self.config.concurrency
 
     def free_slots(self) -> int:
-        """Slots of ready, not-retiring children, minus the jobs in flight in them."""
+        """Slots of ready, not-retiring children, minus the jobs in flight in them. While
+        jobs that crashed before may be waiting (one was given back for want of a worker
+        to run it apart), one per child with room: a claim then takes no more of them
+        than it can place, rather than giving back all but one each time a worker frees."""
         if self._draining:
             return 0
+        if self._apart_waiting:
+            return sum(1 for child in self._children.values() if child.free > 0)
         return sum(child.free for child in self._children.values())
 
     def running(self) -> int:
@@ -217,21 +225,25 @@ class QueueWorkers:
         write per child.
 
         Call with no more jobs than free_slots(). A job that finds no free slot (a
-        worker ended since the claim) or whose child dies before the job reaches it is
-        reported given_back: it never ran.
+        worker ended since the claim, or every worker is running a job that crashed
+        before) or whose child dies before the job reaches it is reported given_back: it
+        never ran.
         """
         batches: dict[int, tuple[_Child, list[Run]]] = {}
         now = anyio.current_time()
         unplaced: list[ClaimedJob] = []
+        crashed_before = False
         for job in jobs:
             candidates = [c for c in self._children.values() if c.free > 0]
             if self._draining:
                 candidates = []
             if not candidates:
-                # A worker ended while the claim was in flight and took its slots along.
+                # A worker ended while the claim was in flight and took its slots along,
+                # or each one with room took a job that crashed before, alone.
                 unplaced.append(job)
                 continue
             if job.crashes:  # a suspected poison pill: the emptiest worker, to itself
+                crashed_before = True
                 child = min(candidates, key=lambda c: (len(c.held), c.index))
                 child.suspect = (job.id, job.fence)
             else:
@@ -247,9 +259,15 @@ class QueueWorkers:
             batches.setdefault(child.index, (child, []))[1].append(Run(job, timeout_s))
             if deadline < self._watchdog_wakes_at:
                 self._notify_deadlines()
+        if unplaced and any(job.crashes for job in unplaced):
+            self._apart_waiting = True
+        elif self._apart_waiting and not crashed_before:  # a claim brought none: all placed
+            self._apart_waiting = False
+            self._notify_changed()
         for job in unplaced:  # never ran: available again, attempt not charged
+            why = "no worker free to run it apart" if job.crashes else "no free worker slot"
             await self.outcomes.send(
-                Outcome(job, "given_back", error_message="no free worker slot after the claim")
+                Outcome(job, "given_back", error_message=f"{why} after the claim")
             )
         for child, runs in batches.values():
             try:

@@ -323,3 +323,34 @@ async def test_a_job_that_crashed_a_worker_before_runs_without_new_neighbours(
         outcomes = [await h.outcome() for _ in range(3)]
         assert {o.verdict for o in outcomes} == {"completed"}
         assert h.workers.free_slots() == 4  # the worker is shared again once it is done
+
+
+async def test_while_jobs_that_crashed_before_wait_a_claim_takes_one_per_worker_free_for_one(
+    tmp_path: Path,
+) -> None:
+    """The jobs of a member that died have all crashed before, and each runs apart. A
+    claim sized by the free slots took more of them than the workers could isolate and
+    gave the rest back; then each end freed a worker's slots for a claim that placed one
+    and gave back the rest, again and again (the CI log of a killed member's rerun).
+    Once one is given back, the free slots count one per worker that has room, until a
+    hand-over brings none of them."""
+    async with running_workers(tmp_path, concurrency=8, processes=2) as h:
+        gate = tmp_path / "gate"
+        suspects = [
+            msgspec.structs.replace(make_job("wait_file", {"path": str(gate)}), crashes=1)
+            for _ in range(4)
+        ]
+        await h.workers.submit_many(suspects)
+        given_back = [await h.outcome() for _ in range(2)]
+        assert {o.verdict for o in given_back} == {"given_back"}
+        assert all("run it apart" in (o.error_message or "") for o in given_back)
+        assert h.workers.free_slots() == 0  # each worker runs one of them, alone
+        gate.write_text("go")
+        assert {(await h.outcome()).verdict for _ in range(2)} == {"completed"}
+        await h.until(lambda: h.workers.running() == 0)
+        assert h.workers.free_slots() == 2  # one per worker: no claim to give back again
+
+        await h.workers.submit_many([make_job("add", {"a": 1, "b": 1})])  # none of them
+        assert (await h.outcome()).verdict == "completed"
+        await h.until(lambda: h.workers.running() == 0)
+        assert h.workers.free_slots() == 8
