@@ -23,7 +23,7 @@ from types import FrameType
 
 import asyncpg
 
-from pgjobd import db
+from pgjobd import admin, db
 from pgjobd.config import Config
 from pgjobd.embedded import Cluster, default_dev_dir, find_binaries
 from pgjobd.errors import PgjobdError
@@ -45,7 +45,6 @@ SELECT pgjobd.enqueue('hello', '{"name": "world"}'::jsonb, unique_key => 'dev-ex
                                           "event": "signup"}'::jsonb,
                       unique_key => 'dev-example-5')
 """
-_DAEMON_JOINED_SQL = "SELECT EXISTS (SELECT FROM pgjobd.member)"
 _DAEMON_CONFIG = """\
 # Written by `pgjobd dev` for its daemon; edit config/dev.toml for your own runs.
 [database]
@@ -244,7 +243,8 @@ async def _enqueue_examples(cluster: Cluster, daemon: subprocess.Popen[bytes] | 
     try:
         deadline = time.monotonic() + DAEMON_JOIN_WAIT_S
         while daemon is not None and daemon.poll() is None and time.monotonic() < deadline:
-            if await conn.fetchval(_DAEMON_JOINED_SQL):
+            members, _ = await admin.fleet(conn, SCHEMA)
+            if members:
                 break
             await asyncio.sleep(0.1)
         ids = await conn.fetchrow(_EXAMPLE_JOBS_SQL)

@@ -237,7 +237,7 @@ async def test_a_look_whose_connection_is_lost_is_asked_again_by_the_next_claim(
             with anyio.fail_after(MAX_POLL_S + 5):
                 await workers.locked.wait()
                 look = None
-                while look is None:  # the session the lock holds up (the look, and only it)
+                while look is None:  # of the sessions the lock holds up (a claim too), the look
                     look = await conn.fetchval(
                         "SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)) "
                         "AND left(query, 200) = left($2, 200)",
