@@ -46,7 +46,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -58,7 +57,7 @@ import uvloop
 from pgjobd import log as pgjobd_log
 from pgjobd import middleware as pgjobd_middleware
 from pgjobd.errors import ConfigError
-from pgjobd.execution import execute
+from pgjobd.execution import Cancellation, execute
 from pgjobd.handler_api import HandlerSpec, ResultsUnavailable
 from pgjobd.handler_loader import Registry, load_directories
 from pgjobd.middleware import Middleware
@@ -168,10 +167,11 @@ class Worker:
         self.registry = registry
         self.slots = slots
         self.middleware = list(middleware)
-        # Each held job's ctx.cancelled, made when its Run arrives: a Cancel may follow
-        # before the job's task has started. By (id, fence): a job may be held twice,
-        # when its lease ran out and this member claimed it again.
-        self._cancelled: dict[tuple[int, int], threading.Event] = {}
+        # Each held job's cancellation (its ctx.cancelled, if it has a context), made when
+        # its Run arrives: a Cancel may follow before the job's task has started. By
+        # (id, fence): a job may be held twice, when its lease ran out and this member
+        # claimed it again.
+        self._cancelled: dict[tuple[int, int], Cancellation] = {}
         self._deadlines: dict[tuple[int, int], float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -212,7 +212,7 @@ class Worker:
                 message = await channel.receive()
                 if isinstance(message, Run):
                     key = (message.job.id, message.job.fence)
-                    self._cancelled[key] = threading.Event()
+                    self._cancelled[key] = Cancellation()
                     task = asyncio.create_task(self._run(channel, message))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
@@ -299,7 +299,7 @@ class Worker:
         job = run.job
         return await execute(
             self.registry, job, run.timeout_s, where=f"this worker of queue {self.queue!r}",
-            cancelled=self._cancelled.get((job.id, job.fence)) or threading.Event(),
+            cancelled=self._cancelled.get((job.id, job.fence)),
             middleware=self.middleware, results=self._results_reader(job),
         )  # fmt: skip
 

@@ -16,7 +16,6 @@ Everything here runs on asyncio (as pytest's anyio plugin does by default).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
@@ -285,7 +284,7 @@ async def _drain_queue(
         timeout_s = (spec.timeout_s if spec else None) or _queue_timeout(completer, queue)
         done = await execute(
             handlers, job, timeout_s, where="the handlers given to the drain",
-            cancelled=threading.Event(), middleware=middleware,
+            middleware=middleware,
             results=_results_reader(client, job.depends_on + job.after),
         )  # fmt: skip
         await completer.flush([done.outcome(job)])

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pgjobd import job
-from pgjobd.execution import run_attempt
+from pgjobd.execution import Cancellation, run_attempt
 from pgjobd.handler_api import HANDLER_ATTRIBUTE, HandlerSpec
 from pgjobd.model import ClaimedJob
 
@@ -86,3 +86,49 @@ def test_a_cancellation_from_outside_stays_a_cancellation() -> None:
         assert (done.verdict, done.error_class) == ("failed", "ValueError")
 
     asyncio.run(main())
+
+
+@job(kind="cleans_up_slowly")
+async def cleans_up_slowly(args: dict[str, Any]) -> None:
+    try:
+        await asyncio.sleep(10)
+    finally:
+        await asyncio.sleep(0.3)  # cleaning up after the timeout's cancellation
+
+
+def test_a_cancellation_from_outside_after_the_timeout_fired_stays_a_cancellation() -> None:
+    async def main() -> None:
+        task = asyncio.create_task(
+            run_attempt(spec_of(cleans_up_slowly), claimed("cleans_up_slowly"), 0.05)
+        )
+        await asyncio.sleep(0.15)  # the timeout fired; the handler is cleaning up
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+
+
+def test_a_handler_cancelled_at_its_timeout_leaves_its_task_uncancelled() -> None:
+    async def main() -> int:
+        done = await run_attempt(
+            spec_of(swallows_then_returns), claimed("swallows_then_returns"), 0.05
+        )
+        assert (done.verdict, done.error_class) == ("failed", "TimeoutError")
+        task = asyncio.current_task()
+        assert task is not None
+        return task.cancelling()
+
+    # The worker's task goes on to report the Done: no cancellation of the timeout's may
+    # be left pending on it.
+    assert asyncio.run(main()) == 0
+
+
+def test_a_cancellation_asked_before_the_context_is_made_is_set_in_it() -> None:
+    early, late = Cancellation(), Cancellation()
+    early.set()
+    assert early.event().is_set()
+    event = late.event()
+    assert not event.is_set()
+    late.set()
+    assert event.is_set() and late.event() is event
