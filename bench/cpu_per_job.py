@@ -14,7 +14,7 @@ tree drains in its own schema of a database of the bench's own (`pgjobd_bench_cp
 created on the --dsn's server if missing), so sessions of other work on the server are
 never counted as the member's. Drains alternate ABBA per rep.
 
-    .venv/bin/python bench/cpu_per_job.py [--baseline d1c1ca0] [--reps 3] [--n 20000]
+    .venv/bin/python bench/cpu_per_job.py [--baseline d1c1ca0] [--reps 3] [--n 20000] [--floor]
         [--round 1:100:all] [--dsn DSN]
 """
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -51,8 +52,9 @@ async def member_backends(admin: Any) -> list[int]:
     return [row["pid"] for row in rows]
 
 
-async def one_drain(dsn: str, schema: str, n: int, rnd: str) -> dict[str, float]:
-    """Runs in the child, with the measured tree's pgjobd on sys.path."""
+async def one_drain(dsn: str, schema: str, n: int, rnd: str, floor: bool) -> dict[str, float]:
+    """Runs in the child, with the measured tree's pgjobd on sys.path. floor: the drain
+    is bench/floor_chain.py's (this tree's statements), not a member's."""
     import asyncpg  # noqa: PLC0415 (the measured tree's, not this one's)
 
     from pgjobd.client import Client  # noqa: PLC0415
@@ -82,10 +84,20 @@ async def one_drain(dsn: str, schema: str, n: int, rnd: str) -> dict[str, float]
         )
         env = os.environ | {"PGJOBD_DSN": dsn, "PGJOBD_BENCH_DIR": rundir}
         command = [sys.executable, "-m", "pgjobd", "run", "--config", str(config)]
+        if floor:
+            command = [sys.executable, str(HERE / "floor_chain.py"), "--dsn", dsn,
+                       "--schema", schema, "--processes", processes,
+                       "--concurrency", concurrency, "--history", history]  # fmt: skip
+
+        async def ready() -> bool:  # the floor says so with a file; a member joins
+            if floor:
+                return (Path(rundir) / "ready").exists()
+            return bool(await admin.fetchval(f"SELECT count(*) FROM {schema}.member"))
+
         with (Path(rundir) / "member.log").open("w") as out:
             member = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)  # noqa: ASYNC220
         try:
-            while not await admin.fetchval(f"SELECT count(*) FROM {schema}.member"):
+            while not await ready():
                 if member.poll() is not None:
                     raise RuntimeError((Path(rundir) / "member.log").read_text()[-3000:])
                 await asyncio.sleep(0.01)
@@ -133,9 +145,10 @@ def bench_database(dsn: str) -> str:
 
 def run_child(tree: Path, tag: str, args: argparse.Namespace) -> dict[str, float]:
     env = os.environ | {"PYTHONPATH": str(tree)}
+    floor = ["--floor"] if tag == "floor" else []
     out = subprocess.run(
         [sys.executable, __file__, "--drain", "--schema", f"bench_cpu_{tag}", "--n", str(args.n),
-         "--round", args.round, "--dsn", args.dsn],
+         "--round", args.round, "--dsn", args.dsn, *floor],
         env=env, check=True, capture_output=True, text=True, cwd=tree,
     )  # fmt: skip
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -149,11 +162,14 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--round", default="1:100:all", help="processes:concurrency:history")
     parser.add_argument("--dsn", default=os.environ.get("PGJOBD_DSN", DEFAULT_DSN))
+    parser.add_argument("--floor", action="store_true",
+                        help="also drain with bench/floor_chain.py: the least a member "
+                        "laid out as design/architecture.md says can spend")  # fmt: skip
     parser.add_argument("--drain", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--schema", default="bench_cpu", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.drain:
-        result = asyncio.run(one_drain(args.dsn, args.schema, args.n, args.round))
+        result = asyncio.run(one_drain(args.dsn, args.schema, args.n, args.round, args.floor))
         print(json.dumps(result))
         return
     args.dsn = bench_database(args.dsn)
@@ -163,14 +179,16 @@ def main() -> None:
                            capture_output=True, text=True).stdout.strip()  # fmt: skip
     print(f"this tree: {head}{' (dirty)' if dirty else ''}; baseline {args.baseline}; "
           f"round {args.round}; {args.n:,} jobs per drain", flush=True)  # fmt: skip
-    results: dict[str, list[dict[str, float]]] = {"baseline": [], "this": []}
+    results: dict[str, list[dict[str, float]]] = {"baseline": [], "this": [], "floor": []}
     with tempfile.TemporaryDirectory(prefix="pgjobd_baseline_") as base:
         archive = subprocess.run(["git", "archive", args.baseline], cwd=REPO, check=True,
                                  capture_output=True).stdout  # fmt: skip
         subprocess.run(["tar", "-x", "-C", base], input=archive, check=True)
-        trees = {"baseline": Path(base), "this": REPO}
+        trees = {"baseline": Path(base), "this": REPO, "floor": REPO}
         for rep in range(args.reps):
             order = ("baseline", "this") if rep % 2 == 0 else ("this", "baseline")
+            if args.floor:
+                order = (*order, "floor") if rep % 2 == 0 else ("floor", *order)
             for name in order:
                 started = time.time()
                 result = run_child(trees[name], name, args)
@@ -190,6 +208,23 @@ def main() -> None:
         this_m = statistics.median(value(r) for r in results["this"])
         ratio = f"{this_m / base_m:5.2f}" if base_m else "  n/a"  # no tick: a short drain
         print(f"  {role:<11} baseline {base_m:6.3f}  this {this_m:6.3f}  ratio {ratio}")
+    if args.floor:
+        print(f"\nthe architecture's floor (bench/floor_chain.py), median of {args.reps}:")
+        for role in (*ROLES, "total"):
+
+            def value(r: dict[str, float], role: str = role) -> float:
+                return sum(r[x] for x in ROLES) if role == "total" else r[role]
+
+            floor_m = statistics.median(value(r) for r in results["floor"])
+            this_m = statistics.median(value(r) for r in results["this"])
+            base_m = statistics.median(value(r) for r in results["baseline"])
+            print(f"  {role:<11} floor {floor_m:6.3f}  this / floor "
+                  f"{this_m / floor_m if floor_m else math.nan:5.2f}  floor / baseline "
+                  f"{floor_m / base_m if base_m else math.nan:5.2f}")  # fmt: skip
+        floor_rates = [f["jobs/s"] / t["jobs/s"]
+                       for f, t in zip(results["floor"], results["this"], strict=True)]  # fmt: skip
+        print(f"  jobs/s floor / this per rep: {', '.join(f'{r:.2f}' for r in floor_rates)}; "
+              f"median {statistics.median(floor_rates):.2f}")  # fmt: skip
     ratios = [sum(t[x] for x in ROLES) / sum(b[x] for x in ROLES)
               for t, b in zip(results["this"], results["baseline"], strict=True)]  # fmt: skip
     print(f"  total ratio per rep: {', '.join(f'{r:.2f}' for r in ratios)} (target <= 0.6)")
