@@ -198,33 +198,17 @@ def main() -> None:
                       f"({', '.join(f'{r} {result[r]:.3f}' for r in ROLES)}); "
                       f"{result['jobs/s']:,.0f} jobs/s; {time.time() - started:.0f} s",
                       flush=True)  # fmt: skip
+    def median(name: str, role: str) -> float:
+        """The median CPU-s per 1,000 jobs of one role ("total": all) over the reps."""
+        return statistics.median(
+            sum(r[x] for x in ROLES) if role == "total" else r[role] for r in results[name]
+        )
+
     print(f"\nCPU-seconds per 1,000 jobs, median of {args.reps} (this / baseline):")
     for role in (*ROLES, "total"):
-
-        def value(r: dict[str, float], role: str = role) -> float:
-            return sum(r[x] for x in ROLES) if role == "total" else r[role]
-
-        base_m = statistics.median(value(r) for r in results["baseline"])
-        this_m = statistics.median(value(r) for r in results["this"])
+        base_m, this_m = median("baseline", role), median("this", role)
         ratio = f"{this_m / base_m:5.2f}" if base_m else "  n/a"  # no tick: a short drain
         print(f"  {role:<11} baseline {base_m:6.3f}  this {this_m:6.3f}  ratio {ratio}")
-    if args.floor:
-        print(f"\nthe architecture's floor (bench/floor_chain.py), median of {args.reps}:")
-        for role in (*ROLES, "total"):
-
-            def value(r: dict[str, float], role: str = role) -> float:
-                return sum(r[x] for x in ROLES) if role == "total" else r[role]
-
-            floor_m = statistics.median(value(r) for r in results["floor"])
-            this_m = statistics.median(value(r) for r in results["this"])
-            base_m = statistics.median(value(r) for r in results["baseline"])
-            print(f"  {role:<11} floor {floor_m:6.3f}  this / floor "
-                  f"{this_m / floor_m if floor_m else math.nan:5.2f}  floor / baseline "
-                  f"{floor_m / base_m if base_m else math.nan:5.2f}")  # fmt: skip
-        floor_rates = [f["jobs/s"] / t["jobs/s"]
-                       for f, t in zip(results["floor"], results["this"], strict=True)]  # fmt: skip
-        print(f"  jobs/s floor / this per rep: {', '.join(f'{r:.2f}' for r in floor_rates)}; "
-              f"median {statistics.median(floor_rates):.2f}")  # fmt: skip
     ratios = [sum(t[x] for x in ROLES) / sum(b[x] for x in ROLES)
               for t, b in zip(results["this"], results["baseline"], strict=True)]  # fmt: skip
     print(f"  total ratio per rep: {', '.join(f'{r:.2f}' for r in ratios)} (target <= 0.6)")
@@ -235,6 +219,19 @@ def main() -> None:
         f"jobs/s (wall time: the machine's load moves it) this / baseline per rep: "
         f"{', '.join(f'{r:.2f}' for r in rates)}; median {statistics.median(rates):.2f}"
     )
+
+    if args.floor:
+        print(f"\nthe architecture's floor (bench/floor_chain.py), median of {args.reps}:")
+        for role in (*ROLES, "total"):
+            floor_m = median("floor", role)
+            this_m, base_m = median("this", role) or math.nan, median("baseline", role) or math.nan
+            print(f"  {role:<11} floor {floor_m:6.3f}  this / floor "
+                  f"{this_m / floor_m if floor_m else math.nan:5.2f}  "
+                  f"floor / baseline {floor_m / base_m:5.2f}")  # fmt: skip
+        floor_rates = [f["jobs/s"] / t["jobs/s"]
+                       for f, t in zip(results["floor"], results["this"], strict=True)]  # fmt: skip
+        print(f"  jobs/s floor / this per rep: {', '.join(f'{r:.2f}' for r in floor_rates)}; "
+              f"median {statistics.median(floor_rates):.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":
