@@ -198,6 +198,7 @@ def main() -> None:
                       f"({', '.join(f'{r} {result[r]:.3f}' for r in ROLES)}); "
                       f"{result['jobs/s']:,.0f} jobs/s; {time.time() - started:.0f} s",
                       flush=True)  # fmt: skip
+
     def median(name: str, role: str) -> float:
         """The median CPU-s per 1,000 jobs of one role ("total": all) over the reps."""
         return statistics.median(
