@@ -11,7 +11,6 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from pgjobd.protocol import HEADER, Decoder, Message, ProtocolError, encode_frame, frame_length
 
@@ -23,12 +22,15 @@ class Channel(Generic[M]):
 
     Sends are serialized by a lock, so tasks may share a channel. `receive` raises
     anyio.EndOfStream at a clean end of input (between frames) and ProtocolError at a
-    truncated or bad frame.
+    truncated or bad frame. Input is read in whole chunks, up to what the pipe holds, and
+    the frames in a chunk are taken from it without another read each (a worker reports
+    the jobs that ended in one turn of its loop in one write).
     """
 
     def __init__(self, send: ByteSendStream, receive: ByteReceiveStream, incoming: Any) -> None:
         self._out = send
-        self._in = BufferedByteReceiveStream(receive)
+        self._in = receive
+        self._buffer = bytearray()
         self._decoder: Decoder[M] = Decoder(incoming)
         self._lock = anyio.Lock()
 
@@ -46,18 +48,30 @@ class Channel(Generic[M]):
                 raise anyio.BrokenResourceError(str(e)) from e
 
     async def receive(self) -> M:
-        try:
-            header = await self._in.receive_exactly(HEADER.size)
-        except anyio.IncompleteRead:
-            if self._in.buffer:
-                raise ProtocolError("input ended inside a frame header") from None
-            raise anyio.EndOfStream from None
-        length = frame_length(header)
-        try:
-            body = await self._in.receive_exactly(length)
-        except anyio.IncompleteRead:
-            raise ProtocolError(f"input ended inside a frame of {length} bytes") from None
+        while (body := self._next_body()) is None:
+            try:
+                chunk = await self._in.receive()  # (as much as is there, up to 64 KiB)
+            except anyio.EndOfStream:
+                if len(self._buffer) >= HEADER.size:
+                    length = frame_length(bytes(self._buffer[: HEADER.size]))
+                    raise ProtocolError(f"input ended inside a frame of {length} bytes") from None
+                if self._buffer:
+                    raise ProtocolError("input ended inside a frame header") from None
+                raise
+            self._buffer += chunk
         return self._decoder.decode(body)
+
+    def _next_body(self) -> bytes | None:
+        """The body of the frame at the head of the buffer, taken from it; None if it is
+        not all there yet (ProtocolError if its header announces too much)."""
+        if len(self._buffer) < HEADER.size:
+            return None
+        end = HEADER.size + frame_length(bytes(self._buffer[: HEADER.size]))
+        if len(self._buffer) < end:
+            return None
+        body = bytes(self._buffer[HEADER.size : end])
+        del self._buffer[:end]
+        return body
 
     async def aclose(self) -> None:
         await self._out.aclose()
