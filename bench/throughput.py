@@ -18,6 +18,11 @@ repetition runs, in this order (interleaved, so noise hits them alike):
   ``log_min_duration_statement = 0`` (set through the DSN); the server log gives every
   statement the member sent, with its server-side duration: the claim statement's
   p50/p99 under load and the statements per job, by query name.
+- with ``--floor``, after each round's drain, the same drain by ``bench/floor_chain.py``
+  (the least a member laid out as design/architecture.md says can spend per job: its
+  supervisor claims and completes with pgjobd's statements and hands the jobs over
+  pipes to child processes, and does nothing else), timed the same way: whether a
+  target is within reach of the process layout at all.
 - the raw lifecycle ceiling: two asyncpg connections, each looping pgjobd's own
   ``job_claim`` (LIMIT 50) and ``job_complete_many`` for what it claimed, nothing else.
 - trickle: one member; jobs enqueued one at a time with ``Client.enqueue`` at ~100/s;
@@ -136,6 +141,7 @@ class Results:
     n: int
     rounds: list[Round]
     drains: dict[str, list[Drain]] = field(default_factory=dict)
+    floors: dict[str, list[Drain]] = field(default_factory=dict)  # bench/floor_chain.py's
     raw: dict[str, list[float]] = field(default_factory=dict)  # jobs/s by history
     trickle: list[dict[str, float]] = field(default_factory=list)
     # The same trickle with every commit not waited for (synchronous_commit = off in the
@@ -151,9 +157,12 @@ class Member:
     """One `pgjobd run` subprocess with a config of its own in `rundir`."""
 
     def __init__(self, dsn: str, rundir: Path, rnd: Round, *, schema: str = SCHEMA,
-                 metrics_listen: str = "", extra: str = "") -> None:  # fmt: skip
-        """extra: TOML appended to the config (more [queues.x] tables, [retention]...)."""
+                 metrics_listen: str = "", extra: str = "",
+                 floor: bool = False) -> None:  # fmt: skip
+        """extra: TOML appended to the config (more [queues.x] tables, [retention]...).
+        floor: bench/floor_chain.py in the member's place (the same queue settings)."""
         self.rundir = rundir
+        self.floor = floor
         config = rundir / "pgjobd.toml"
         config.write_text(
             f'[database]\nschema = "{schema}"\n\n'
@@ -165,11 +174,23 @@ class Member:
         )
         env = os.environ | {"PGJOBD_DSN": dsn, "PGJOBD_BENCH_DIR": str(rundir)}
         self.log = (rundir / "member.log").open("w")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "pgjobd", "run", "--config", str(config)],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
+        command = [sys.executable, "-m", "pgjobd", "run", "--config", str(config)]
+        if floor:
+            command = [sys.executable, str(HERE / "floor_chain.py"), "--dsn", dsn,
+                       "--schema", schema, "--processes", str(rnd.processes),
+                       "--concurrency", str(rnd.concurrency), "--history", rnd.history]  # fmt: skip
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.spawned_at = time.time()
+
+    async def wait_ready(self, h: Harness) -> None:
+        """Until it claims: a member's row appears once its workers are ready; the floor
+        writes a file."""
+        if not self.floor:
+            await h.poll(f"SELECT count(*) FROM {h.schema}.member", lambda v: v > 0, self, 0.01)
+            return
+        while not (self.rundir / "ready").exists():
+            self.check_alive()
+            await asyncio.sleep(0.01)
 
     def check_alive(self) -> None:
         if self.process.poll() is not None:
@@ -332,8 +353,7 @@ async def drain(h: Harness, client: Client, rnd: Round, n: int, *, dsn: str | No
     async with member(dsn or h.dsn, rnd, prefix, schema=h.schema, **options) as running:
         if on_ready is not None:
             on_ready(running)
-        # The member row appears once the workers are ready, just before claiming starts.
-        await h.poll(f"SELECT count(*) FROM {h.schema}.member", lambda v: v > 0, running, 0.01)
+        await running.wait_ready(h)
         supervisor = running.process.pid
         before = cpu_snapshot([supervisor, os.getpid(), *children_of(supervisor), *postgres_pids()])
         if fresh:
@@ -666,6 +686,12 @@ def report(r: Results) -> None:
             f"{spread(paired(rates, peer_rates), '.2f')} of {peer_name}; "
             f"{spread(paired(rates, raw_all), '.2f')} of raw (all)"
         )
+    for key, floors in r.floors.items():
+        rates = [r.n / d.seconds for d in floors]
+        mine = [r.n / d.seconds for d in r.drains[key]]
+        print(f"{'floor ' + key:<34} {spread(rates):>25}  "
+              f"{spread(paired(rates, peer_rates), '.2f')} of {peer_name}; "
+              f"pgjobd {spread(paired(mine, rates), '.2f')} of it")  # fmt: skip
     for history, rates in r.raw.items():
         print(f"{'raw lifecycle, 2 loops × 50, ' + history:<40} {spread(rates):>25}")
     for log_drain in r.log_drains:
@@ -709,6 +735,9 @@ def report(r: Results) -> None:
         drains = r.drains[rnd.key]
         print(f"  {rnd.key:<16} " + fmt_cpu({role: statistics.median(d.cpu[role] for d in drains)
                                             for role in drains[0].cpu}))  # fmt: skip
+    for key, floors in r.floors.items():
+        print(f"  floor {key:<10} " + fmt_cpu({role: statistics.median(d.cpu[role] for d in floors)
+                                             for role in floors[0].cpu}))  # fmt: skip
     claim_p99: float | None = None
     if r.statement_log:
         log = r.statement_log[0]
@@ -799,6 +828,11 @@ async def main(args: argparse.Namespace) -> Results:
                         results.drains[rnd.key].append(d)
                         print(f"rep {rep} drain {rnd.key}: {args.n / d.seconds:,.0f} jobs/s",
                               flush=True)  # fmt: skip
+                        if args.floor:
+                            d = await drain(h, client, rnd, args.n, prefix="floor", floor=True)
+                            results.floors.setdefault(rnd.key, []).append(d)
+                            print(f"rep {rep} floor {rnd.key}: {args.n / d.seconds:,.0f} jobs/s",
+                                  flush=True)  # fmt: skip
                     logged = await logged_drain(
                         h, client, rounds[0], args.n, server_log=server_log, q=q
                     )
@@ -858,6 +892,9 @@ def parse_args() -> argparse.Namespace:
                         'chancy oban"; "" for none')  # fmt: skip
     parser.add_argument("--pg-log", help="the server's log file (default: Debian's path)")
     parser.add_argument("--profile", metavar="DIR", help="one extra drain under py-spy")
+    parser.add_argument("--floor", action="store_true",
+                        help="after each round's drain, one by bench/floor_chain.py: the "
+                        "least the architecture's process layout spends")  # fmt: skip
     parser.add_argument("--json", help="write the raw figures to this file")
     return parser.parse_args()
 

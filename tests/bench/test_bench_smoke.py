@@ -56,7 +56,7 @@ BENCHES = [
            rf"^now / before issue 11: median {NUMBER}$",
            rf"^now / job_finish's rows: median {NUMBER}$")),
     # The baseline is the default commit (exported with git archive): both trees drain.
-    # With --floor: bench/floor_chain.py drains too (it is run by cpu_per_job.py only).
+    # With --floor: bench/floor_chain.py drains too (it runs under this and throughput.py).
     Bench("cpu_per_job.py", ("--reps", "1", "--n", "1000", "--round", "1:20:all", "--floor"),
           (rf"^  total +baseline +{NUMBER} +this +{NUMBER} +ratio +{NUMBER}$",
            rf"^  total ratio per rep: {NUMBER} \(target",
@@ -125,8 +125,9 @@ BENCHES = [
     # Its own part only: the peers (--peers) are other job queues in virtualenvs of
     # their own (../shared/bench/peers), which CI does not have.
     Bench("throughput.py", ("--reps", "1", "--n", "200", "--rounds", "1:20:all",
-                            "--trickle", "10", "--peers", ""),
+                            "--trickle", "10", "--peers", "", "--floor"),
           (rf"^drain p1 c20 all +{NUMBER} ",
+           rf"^floor p1 c20 all +{NUMBER} .* pgjobd {NUMBER} of it$",
            rf"^raw lifecycle, 2 loops × 50, all +{NUMBER}$",
            rf"^trickle p50 / p99 / max ms +{NUMBER} / {NUMBER} / {NUMBER} ",
            rf"^    after the enqueue p50 / p99 +{NUMBER}.* / {NUMBER}",
@@ -145,7 +146,7 @@ BENCHES = [
 
 
 # Programs that a bench runs, smoked through it: script -> the bench that runs it.
-HELPER_PROGRAMS = {"floor_chain.py": "cpu_per_job.py"}
+HELPER_PROGRAMS = {"floor_chain.py": "cpu_per_job.py and throughput.py (--floor)"}
 
 
 def entry_points() -> set[str]:
