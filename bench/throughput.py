@@ -134,6 +134,7 @@ class StatementLog:
     claim_ms: list[float] = field(default_factory=list)  # execute durations, server side
     complete_ms: list[float] = field(default_factory=list)
     claimed_rows: int = 0
+    server_ms: dict[str, float] = field(default_factory=dict)  # by query name, every step
 
 
 @dataclass
@@ -508,13 +509,16 @@ def read_statement_log(text: str, q: Queries) -> StatementLog:
                         [line[found.end():]]))  # fmt: skip
     log = StatementLog()
     for pid, step, ms, lines in entries:
-        if step not in ("execute", "statement") or not pid:
+        if not pid:
             continue
         statement = " ".join(" ".join(lines).split()).rstrip(";")
         name = names.get(statement) or (
             "asyncpg pool reset on release" if "pg_advisory_unlock_all()" in statement
             else "other: " + statement[:60]
         )  # fmt: skip
+        log.server_ms[name] = log.server_ms.get(name, 0.0) + ms  # parse and bind too
+        if step not in ("execute", "statement"):
+            continue
         log.statements[name] = log.statements.get(name, 0) + 1
         if name == "job_claim":
             log.claim_ms.append(ms)
@@ -753,6 +757,11 @@ def report(r: Results) -> None:
         print(
             f"  statements per job {total / r.n:.3f} (first run, {total} in all): "
             + ", ".join(f"{name} {count}" for name, count in Counter(log.statements).most_common(8))
+        )
+        heaviest = Counter(log.server_ms).most_common(8)
+        print(
+            "  server time, ms per 1,000 jobs (first run; parse, bind and execute): "
+            + ", ".join(f"{name} {ms * 1000 / r.n:.2f}" for name, ms in heaviest)
         )
     else:
         print("\nclaim p99: n/a (no statement log)")
