@@ -128,7 +128,7 @@ BENCHES = [
                             "--trickle", "10", "--peers", "", "--floor"),
           (rf"^drain p1 c20 all +{NUMBER} ",
            rf"^floor p1 c20 all +{NUMBER} .* pgjobd {NUMBER} of it$",
-           rf"^  server time, ms per 1,000 jobs .* job_claim {NUMBER}",
+           rf"^  server time, ms per 1,000 jobs \(first run; [^)]*\): .* {NUMBER}",
            rf"^raw lifecycle, 2 loops × 50, all +{NUMBER}$",
            rf"^trickle p50 / p99 / max ms +{NUMBER} / {NUMBER} / {NUMBER} ",
            rf"^    after the enqueue p50 / p99 +{NUMBER}.* / {NUMBER}",
