@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import struct
@@ -32,9 +33,13 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 import uvloop
+
+if TYPE_CHECKING:  # (the child imports neither asyncpg nor pgjobd)
+    import asyncpg
 
 HEADER = struct.Struct(">I")
 APPLICATION_NAME = "pgjobd-floor"  # counted as the member's sessions by the benches
@@ -157,23 +162,22 @@ class Floor:
                 tg.create_task(self.claim_loop(conn))
             tg.create_task(self.complete_loop(conns[-1]))
 
-    async def claim_loop(self, conn: object) -> None:
+    async def claim_loop(self, conn: asyncpg.Connection) -> None:
         saturated = False
         while True:
             while self.unreserved() <= 0:
                 await self.changed.wait()
             if saturated:
                 enough = max(1, self.args.concurrency // self.share)
-                deadline = time.monotonic() + self.window_s
-                while self.unreserved() < enough and (left := deadline - time.monotonic()) > 0:
-                    try:
-                        await asyncio.wait_for(self.changed.wait(), left)
-                    except TimeoutError:
-                        break
+                # (asyncio.timeout, not wait_for: no task per wait to slow the floor down)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.window_s):
+                        while self.unreserved() < enough:
+                            await self.changed.wait()
             limit = self.unreserved()
             self.reserved += limit
             try:
-                rows = await conn.fetch(  # type: ignore[attr-defined]
+                rows = await conn.fetch(
                     self.claim_sql, QUEUE, limit, MEMBER_ID, LEASE, *(self.after or (None,) * 3)
                 )
             finally:
@@ -209,22 +213,20 @@ class Floor:
             self.ended_event.set()
             self._changed()
 
-    async def complete_loop(self, conn: object) -> None:
+    async def complete_loop(self, conn: asyncpg.Connection) -> None:
         while True:
             await self.ended_event.wait()
-            deadline = time.monotonic() + self.flush_after_s
-            while len(self.ended) < self.max_batch and (left := deadline - time.monotonic()) > 0:
-                self.ended_event.clear()
-                try:
-                    await asyncio.wait_for(self.ended_event.wait(), left)
-                except TimeoutError:
-                    break
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.flush_after_s):
+                    while len(self.ended) < self.max_batch:
+                        self.ended_event.clear()
+                        await self.ended_event.wait()
             batch, self.ended = self.ended[: self.max_batch], self.ended[self.max_batch :]
             if not self.ended:
                 self.ended_event.clear()
             ids = [job_id for job_id, _ in batch]
             fences = [fence for _, fence in batch]
-            await conn.fetch(  # type: ignore[attr-defined]
+            await conn.fetch(
                 self.complete_sql, ids, fences, [None] * len(batch), [self.keep] * len(batch)
             )
 

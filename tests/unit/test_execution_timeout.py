@@ -88,20 +88,25 @@ def test_a_cancellation_from_outside_stays_a_cancellation() -> None:
     asyncio.run(main())
 
 
+CLEANING_UP: list[asyncio.Event] = []  # set as the handler starts cleaning up
+
+
 @job(kind="cleans_up_slowly")
 async def cleans_up_slowly(args: dict[str, Any]) -> None:
     try:
         await asyncio.sleep(10)
     finally:
-        await asyncio.sleep(0.3)  # cleaning up after the timeout's cancellation
+        CLEANING_UP[-1].set()
+        await asyncio.sleep(10)  # cleaning up after the timeout's cancellation
 
 
 def test_a_cancellation_from_outside_after_the_timeout_fired_stays_a_cancellation() -> None:
     async def main() -> None:
+        CLEANING_UP.append(asyncio.Event())
         task = asyncio.create_task(
             run_attempt(spec_of(cleans_up_slowly), claimed("cleans_up_slowly"), 0.05)
         )
-        await asyncio.sleep(0.15)  # the timeout fired; the handler is cleaning up
+        await CLEANING_UP[-1].wait()  # the timeout fired; the handler is cleaning up
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
