@@ -138,6 +138,8 @@ class Floor:
     async def run(self) -> None:
         import asyncpg  # noqa: PLC0415
 
+        from pgjobd.db import GENERIC_PLANS  # noqa: PLC0415 (the member's pool's plans)
+
         base, extra = divmod(self.args.concurrency, self.args.processes)
         for index in range(self.args.processes):
             process = await asyncio.create_subprocess_exec(
@@ -145,7 +147,7 @@ class Floor:
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             )  # fmt: skip
             self.children.append(Child(process, base + (1 if index < extra else 0)))
-        settings = {"application_name": APPLICATION_NAME}
+        settings = {"application_name": APPLICATION_NAME, **GENERIC_PLANS}
         conns = [
             await asyncpg.connect(self.args.dsn, server_settings=settings)
             for _ in range(self.claimers + 1)

@@ -186,7 +186,7 @@ class Member:
         """The member's pool, its schema checked (see _at_start)."""
 
         async def open_and_check() -> asyncpg.Pool:
-            pool = await db.create_pool(self.config, reset=skip_session_reset)
+            pool = await db.create_pool(self.config, reset=skip_session_reset, generic_plans=True)
             try:
                 async with db.acquire(pool) as conn:
                     await migrate.check_schema(conn, self.config.database.schema, deep=True)

@@ -21,6 +21,8 @@ CANCEL_WAIT_S = 5.0
 # How much longer than statement_timeout the client waits for a statement's answer.
 COMMAND_TIMEOUT_GRACE_S = 5.0
 ResetHook = Callable[[asyncpg.Connection], Awaitable[None]]
+# The member's pool plans its prepared statements once (see create_pool's `generic_plans`).
+GENERIC_PLANS = {"plan_cache_mode": "force_generic_plan"}
 
 
 def session_settings(
@@ -147,12 +149,17 @@ async def _set_settings(conn: asyncpg.Connection, settings: Mapping[str, str]) -
 
 
 def _route_options(
-    config: Config, pooler: Pooler, application_name: str, *, bounded: bool = True
+    config: Config,
+    pooler: Pooler,
+    application_name: str,
+    *,
+    bounded: bool = True,
+    extra_settings: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     return {
         "timeout": config.database.connect_timeout.total_seconds(),
         **settings_options(
-            server_settings(config, application_name), pooler,
+            {**server_settings(config, application_name), **(extra_settings or {})}, pooler,
             config.database.statement_timeout, bounded=bounded,
         ),
     }  # fmt: skip
@@ -172,14 +179,27 @@ async def create_pool(
     max_size: int | None = None,
     reset: ResetHook | None = None,
     application_name: str = "pgjobd",
+    generic_plans: bool = False,
 ) -> asyncpg.Pool:
+    """`generic_plans`: each prepared statement of the pool's sessions runs with the plan
+    made for any parameters, planned once per session (plan_cache_mode). PostgreSQL's
+    default plans anew at every execution a statement whose plan for its parameters'
+    values it estimates cheaper; it does so for job_claim (its LIMIT and cursor) at every
+    claim, which took about a third of the claim's server time (decisions.md, issue 17).
+    tests/integration/test_plans.py checks each job-path statement's generic plan.
+    Through a transaction-mode pooler no setting reaches the server (and asyncpg's
+    statements there are unnamed, so planned at every execution anyway)."""
     pool_max = max_size or config.database.pool_max
+    options = _route_options(
+        config, config.database.pooler, application_name,
+        extra_settings=GENERIC_PLANS if generic_plans else None,
+    )  # fmt: skip
     pool: asyncpg.Pool = await asyncpg.create_pool(
         config.require_dsn(),
         min_size=min(config.database.pool_min, pool_max),
         max_size=pool_max,
         reset=reset,
-        **connect_options(config, application_name),
+        **options,
     )
     return pool
 
