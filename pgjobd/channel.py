@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream
 
-from pgjobd.protocol import HEADER, Decoder, Message, ProtocolError, encode_frame, frame_length
+from pgjobd.protocol import Decoder, FrameBuffer, Message, encode_frame
 
 M = TypeVar("M")
 
@@ -22,15 +22,14 @@ class Channel(Generic[M]):
 
     Sends are serialized by a lock, so tasks may share a channel. `receive` raises
     anyio.EndOfStream at a clean end of input (between frames) and ProtocolError at a
-    truncated or bad frame. Input is read in whole chunks, up to what the pipe holds, and
-    the frames in a chunk are taken from it without another read each (a worker reports
-    the jobs that ended in one turn of its loop in one write).
+    truncated or bad frame. Input is read in whole chunks (pgjobd.protocol.FrameBuffer:
+    a worker reports the jobs that ended in one turn of its loop in one write).
     """
 
     def __init__(self, send: ByteSendStream, receive: ByteReceiveStream, incoming: Any) -> None:
         self._out = send
         self._in = receive
-        self._buffer = bytearray()
+        self._frames = FrameBuffer()
         self._decoder: Decoder[M] = Decoder(incoming)
         self._lock = anyio.Lock()
 
@@ -48,30 +47,14 @@ class Channel(Generic[M]):
                 raise anyio.BrokenResourceError(str(e)) from e
 
     async def receive(self) -> M:
-        while (body := self._next_body()) is None:
+        while (body := self._frames.next_body()) is None:
             try:
                 chunk = await self._in.receive()  # (as much as is there, up to 64 KiB)
             except anyio.EndOfStream:
-                if len(self._buffer) >= HEADER.size:
-                    length = frame_length(bytes(self._buffer[: HEADER.size]))
-                    raise ProtocolError(f"input ended inside a frame of {length} bytes") from None
-                if self._buffer:
-                    raise ProtocolError("input ended inside a frame header") from None
+                self._frames.check_ended()
                 raise
-            self._buffer += chunk
+            self._frames.feed(chunk)
         return self._decoder.decode(body)
-
-    def _next_body(self) -> bytes | None:
-        """The body of the frame at the head of the buffer, taken from it; None if it is
-        not all there yet (ProtocolError if its header announces too much)."""
-        if len(self._buffer) < HEADER.size:
-            return None
-        end = HEADER.size + frame_length(bytes(self._buffer[: HEADER.size]))
-        if len(self._buffer) < end:
-            return None
-        body = bytes(self._buffer[HEADER.size : end])
-        del self._buffer[:end]
-        return body
 
     async def aclose(self) -> None:
         await self._out.aclose()

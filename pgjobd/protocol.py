@@ -131,12 +131,54 @@ def encode_frame(message: Message) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def frame_length(header: bytes) -> int:
-    """The body length a frame header announces; ProtocolError if over MAX_FRAME."""
-    (length,) = HEADER.unpack(header)
+def frame_length(header: bytes | bytearray, offset: int = 0) -> int:
+    """The body length the frame header at `offset` announces; ProtocolError if over
+    MAX_FRAME."""
+    (length,) = HEADER.unpack_from(header, offset)
     if length > MAX_FRAME:
         raise ProtocolError(f"frame of {length} bytes announced, over the {MAX_FRAME} limit")
     return int(length)
+
+
+# How much one read takes from a pipe at most (what a Linux pipe holds by default).
+READ_CHUNK = 65536
+
+
+class FrameBuffer:
+    """Input read in whole chunks, up to what the pipe holds: the frames of a chunk are
+    taken from it without a read each (the other side writes what it has in one write).
+    Both ends use it."""
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+        self._start = 0  # where the next frame begins: taken frames are dropped per chunk
+
+    def feed(self, chunk: bytes) -> None:
+        if self._start:
+            del self._data[: self._start]
+            self._start = 0
+        self._data += chunk
+
+    def next_body(self) -> bytes | None:
+        """The body of the next frame, taken; None if it is not all there yet
+        (ProtocolError as soon as its header announces too much)."""
+        start = self._start
+        if len(self._data) - start < HEADER.size:
+            return None
+        end = start + HEADER.size + frame_length(self._data, start)
+        if len(self._data) < end:
+            return None
+        self._start = end
+        return bytes(self._data[start + HEADER.size : end])
+
+    def check_ended(self) -> None:
+        """The input ended: ProtocolError if it ended inside a frame."""
+        left = len(self._data) - self._start
+        if left >= HEADER.size:
+            length = frame_length(self._data, self._start)
+            raise ProtocolError(f"input ended inside a frame of {length} bytes")
+        if left:
+            raise ProtocolError("input ended inside a frame header")
 
 
 class Decoder(Generic[M]):
@@ -163,6 +205,7 @@ class ChildChannel:
         self._reader = reader
         self._writer = writer
         self._decoder: Decoder[ToChild] = Decoder(ToChild)
+        self._frames = FrameBuffer()
         self._unsent: list[bytes] = []
         # Called when a write finds the pipe broken (the frames are lost): the worker
         # exits rather than hold jobs whose outcomes can never reach the parent.
@@ -196,17 +239,12 @@ class ChildChannel:
 
     async def receive(self) -> ToChild:
         """The next message; EOFError at a clean end of input, ProtocolError at a bad one."""
-        try:
-            header = await self._reader.readexactly(HEADER.size)
-        except asyncio.IncompleteReadError as e:
-            if e.partial:
-                raise ProtocolError("input ended inside a frame header") from None
-            raise EOFError from None
-        length = frame_length(header)
-        try:
-            body = await self._reader.readexactly(length)
-        except asyncio.IncompleteReadError:
-            raise ProtocolError(f"input ended inside a frame of {length} bytes") from None
+        while (body := self._frames.next_body()) is None:
+            chunk = await self._reader.read(READ_CHUNK)
+            if not chunk:
+                self._frames.check_ended()
+                raise EOFError
+            self._frames.feed(chunk)
         return self._decoder.decode(body)
 
     def close(self) -> None:
