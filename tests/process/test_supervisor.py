@@ -277,6 +277,26 @@ async def test_concurrency_is_split_across_processes(tmp_path: Path) -> None:
         assert h.workers.free_slots() == 4
 
 
+async def test_one_claim_is_spread_over_the_processes_most_free_slots_first(
+    tmp_path: Path,
+) -> None:
+    async with running_workers(tmp_path, concurrency=6, processes=2) as h:
+        meet = tmp_path / "meet"
+        meet.mkdir()
+        jobs = [make_job("rendezvous", {"dir": str(meet), "i": i, "n": 5}) for i in range(5)]
+        await h.submit(jobs[0])  # equal room: the first process
+        # One claim: the second process (3 free slots against 2), then each in turn, the
+        # first process first when they are even.
+        await h.workers.submit_many(jobs[1:])
+        assert h.workers.free_slots() == 1
+        outcomes = [await h.outcome() for _ in jobs]
+        assert {o.verdict for o in outcomes} == {"completed"}
+        pid_of = {o.job.id: msgspec.json.decode(o.result or b"0") for o in outcomes}
+        first, second = pid_of[jobs[0].id], pid_of[jobs[1].id]
+        assert first != second
+        assert [pid_of[job.id] for job in jobs] == [first, second, first, second, first]
+
+
 async def test_cancel_sets_ctx_cancelled(tmp_path: Path) -> None:
     async with running_workers(tmp_path) as h:
         await h.submit(job := make_job("wait_cancel"))
