@@ -73,12 +73,25 @@ def test_a_quick_handler_completes_with_its_result() -> None:
     assert (done.verdict, done.result) == ("completed", b'{"n":1}')
 
 
+STARTED: list[asyncio.Event] = []  # set once the handler waits
+
+
+@job(kind="raises_when_cancelled")
+async def raises_when_cancelled(args: dict[str, Any]) -> None:
+    STARTED[-1].set()
+    try:
+        await asyncio.sleep(10)
+    except asyncio.CancelledError:
+        raise ValueError("cleaning up failed") from None
+
+
 def test_a_cancellation_from_outside_stays_a_cancellation() -> None:
     async def main() -> None:
+        STARTED.append(asyncio.Event())
         task = asyncio.create_task(
-            run_attempt(spec_of(swallows_then_raises), claimed("swallows_then_raises"), 0.2)
+            run_attempt(spec_of(raises_when_cancelled), claimed("raises_when_cancelled"), 60.0)
         )
-        await asyncio.sleep(0.05)
+        await STARTED[-1].wait()
         task.cancel()
         # The handler turns the cancellation into ValueError: that is its error, not a
         # timeout (the timeout had not fired).
