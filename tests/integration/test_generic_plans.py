@@ -11,6 +11,7 @@ import pytest
 from pgjobd import Client, db
 from pgjobd.config import Config, DatabaseConfig
 from pgjobd.queries import for_schema
+from pgjobd.statements.job import ClaimKey
 
 pytestmark = pytest.mark.anyio
 
@@ -30,12 +31,13 @@ async def _claims_plans(dsn: str, schema: str, *, generic_plans: bool) -> tuple[
     q = for_schema(schema)
     try:
         async with db.acquire(pool) as conn:
-            after: tuple[object, object, object] = (None, None, None)
+            after: ClaimKey | None = None  # as the producer's cursor moves on
             for _ in range(CLAIMS):
-                rows = await q.job_claim(conn, "default", 3, "m", timedelta(minutes=1), *after)
+                rows = await q.job_claim(
+                    conn, "default", 3, "m", timedelta(minutes=1), *(after or (None,) * 3)
+                )
                 assert len(rows) == 3
-                last = max(rows, key=lambda r: r.id)
-                after = (last.priority, last.scheduled_at, last.id)
+                after = max(ClaimKey.of(row) for row in rows)
             mode = await conn.fetchval("SHOW plan_cache_mode")
             plans = await conn.fetchrow(
                 "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
