@@ -51,8 +51,10 @@ class Channel(Generic[M]):
             try:
                 chunk = await self._in.receive()  # (as much as is there, up to 64 KiB)
             except anyio.EndOfStream:
+                chunk = b""  # (a truncated frame's error then carries no end of stream)
+            if not chunk:
                 self._frames.check_ended()
-                raise
+                raise anyio.EndOfStream
             self._frames.feed(chunk)
         return self._decoder.decode(body)
 

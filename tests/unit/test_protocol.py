@@ -263,8 +263,9 @@ async def test_input_ending_inside_a_frame_is_a_protocol_error(
         for message in messages[:complete]:
             assert await channel.receive() == message
         inside = "frame header" if end - whole < HEADER.size else "frame of"
-        with anyio.fail_after(10), pytest.raises(ProtocolError, match=f"inside a {inside}"):
+        with anyio.fail_after(10), pytest.raises(ProtocolError, match=f"inside a {inside}") as e:
             await channel.receive()
+        assert e.value.__context__ is None  # the error alone, not one raised while handling
 
 
 # -- garbage -----------------------------------------------------------------------------
