@@ -51,11 +51,9 @@ class Channel(Generic[M]):
             try:
                 chunk = await self._in.receive()  # (as much as is there, up to 64 KiB)
             except anyio.EndOfStream:
-                chunk = b""  # (a truncated frame's error then carries no end of stream)
-            if not chunk:
-                self._frames.check_ended()
+                chunk = b""  # (outside the except: a truncated frame's error stands alone)
+            if not self._frames.feed(chunk):
                 raise anyio.EndOfStream
-            self._frames.feed(chunk)
         return self._decoder.decode(body)
 
     async def aclose(self) -> None:

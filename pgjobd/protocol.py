@@ -153,11 +153,17 @@ class FrameBuffer:
         self._data = bytearray()
         self._start = 0  # where the next frame begins: taken frames are dropped per chunk
 
-    def feed(self, chunk: bytes) -> None:
+    def feed(self, chunk: bytes) -> bool:
+        """Add a chunk read from the pipe; False at the end of input (an empty chunk),
+        ProtocolError if the input ended inside a frame."""
+        if not chunk:
+            self._check_ended()
+            return False
         if self._start:
             del self._data[: self._start]
             self._start = 0
         self._data += chunk
+        return True
 
     def next_body(self) -> bytes | None:
         """The body of the next frame, taken; None if it is not all there yet
@@ -171,8 +177,7 @@ class FrameBuffer:
         self._start = end
         return bytes(self._data[start + HEADER.size : end])
 
-    def check_ended(self) -> None:
-        """The input ended: ProtocolError if it ended inside a frame."""
+    def _check_ended(self) -> None:
         left = len(self._data) - self._start
         if left >= HEADER.size:
             length = frame_length(self._data, self._start)
@@ -240,11 +245,8 @@ class ChildChannel:
     async def receive(self) -> ToChild:
         """The next message; EOFError at a clean end of input, ProtocolError at a bad one."""
         while (body := self._frames.next_body()) is None:
-            chunk = await self._reader.read(READ_CHUNK)
-            if not chunk:
-                self._frames.check_ended()
+            if not self._frames.feed(await self._reader.read(READ_CHUNK)):
                 raise EOFError
-            self._frames.feed(chunk)
         return self._decoder.decode(body)
 
     def close(self) -> None:
