@@ -31,7 +31,8 @@ repetition runs, in this order (interleaved, so noise hits them alike):
   trickle), from the venvs that its run_all.sh creates under /tmp/peers.
 
     /work/venv/bin/python bench/throughput.py [--reps 3] [--peers "pgqueuer oban"]
-        [--rounds 1:50:all,2:50:all,1:50:none,2:20:all:def] [--dsn DSN] [--json out.json]
+        [--rounds 1:50:all,2:50:all,1:50:none,2:20:all:def,2:20:all:other] [--dsn DSN]
+        [--trickle-round 1:50:all:other] [--json out.json]
         [--profile DIR]    # one extra drain under py-spy (--subprocesses)
 
 Not a test: it prints figures and met/missed against the targets of issue 17 (the
@@ -98,22 +99,46 @@ class Round:
     concurrency: int
     history: str
     handler: str = "async"  # "def": the same no-op as a `def` handler (run in a thread)
+    cpu_scheduling: str | None = None  # the queue's cpu_scheduling; None: its default
 
     @property
     def key(self) -> str:
         suffix = "" if self.handler == "async" else f" {self.handler}"
+        if self.cpu_scheduling is not None:
+            suffix += f" {self.cpu_scheduling}"
         return f"p{self.processes} c{self.concurrency} {self.history}{suffix}"
 
     @property
     def kind(self) -> str:
         return "bench_noop" if self.handler == "async" else "bench_noop_def"
 
+    @property
+    def queue_settings(self) -> str:
+        """The round's [queues.default] keys."""
+        settings = (f"concurrency = {self.concurrency}\nprocesses = {self.processes}\n"
+                    f'history = "{self.history}"\n')  # fmt: skip
+        if self.cpu_scheduling is not None:
+            settings += f'cpu_scheduling = "{self.cpu_scheduling}"\n'
+        return settings
+
     @classmethod
     def parse(cls, text: str) -> Round:
-        processes, concurrency, history, *handler = text.split(":")
-        if handler not in ([], ["async"], ["def"]):
-            raise ValueError(f"round {text!r}: the handler is async or def, got {handler[0]!r}")
-        return cls(int(processes), int(concurrency), history, *handler)
+        """P:C:HISTORY, then `def` (a `def` handler) and/or a cpu_scheduling, `batch` or
+        `other`, in any order."""
+        processes, concurrency, history, *options = text.split(":")
+        handler, policy = "async", None
+        for option in options:
+            if option in ("async", "def"):
+                handler = option
+            elif option in ("batch", "other"):
+                policy = option
+            else:
+                raise ValueError(f"round {text!r}: {option!r} is neither a handler "
+                                 "(async, def) nor a cpu_scheduling (batch, other)")  # fmt: skip
+        return cls(int(processes), int(concurrency), history, handler, policy)
+
+
+TRICKLE_ROUND = Round(1, 50, "all")
 
 
 @dataclass
@@ -170,8 +195,7 @@ class Member:
             f"[daemon]\nhandlers = [{json.dumps(str(HANDLERS))}]\n"
             f'metrics_listen = "{metrics_listen}"\nlog_format = "text"\nlog_level = "warning"\n'
             'drain_timeout = "10s"\n\n'
-            f"[queues.default]\nconcurrency = {rnd.concurrency}\n"
-            f'processes = {rnd.processes}\nhistory = "{rnd.history}"\n{extra}'
+            f"[queues.default]\n{rnd.queue_settings}{extra}"
         )
         env = os.environ | {"PGJOBD_DSN": dsn, "PGJOBD_BENCH_DIR": str(rundir)}
         self.log = (rundir / "member.log").open("w")
@@ -438,16 +462,17 @@ def with_settings(dsn: str, **settings: str) -> str:
 
 
 async def trickle(
-    h: Harness, count: int, rate: float, *, dsn: str | None = None
+    h: Harness, count: int, rate: float, *, dsn: str | None = None, rnd: Round = TRICKLE_ROUND
 ) -> dict[str, float]:
-    """Jobs enqueued one at a time at `rate`; each one's enqueue-to-start latency. The
-    member and the enqueuer's client both connect with `dsn` (the harness' by default)."""
+    """Jobs enqueued one at a time at `rate` to a member of round `rnd`'s settings; each
+    one's enqueue-to-start latency. The member and the enqueuer's client both connect
+    with `dsn` (the harness' by default)."""
     await h.admin.execute(f"TRUNCATE {SCHEMA}.job, {SCHEMA}.job_history, {SCHEMA}.job_attempt")
     history = f"SELECT count(*) FROM {SCHEMA}.job_history"
     dsn = dsn or h.dsn
     async with (
         await Client.connect(dsn, schema=h.schema, max_size=2) as client,
-        member(dsn, Round(1, 50, "all"), "trickle") as running,
+        member(dsn, rnd, "trickle") as running,
     ):
         await h.poll(f"SELECT count(*) FROM {SCHEMA}.member", lambda v: v > 0, running, 0.01)
         await client.enqueue("bench_latency", {"i": -1})  # warm-up: no "t", not recorded
@@ -479,11 +504,15 @@ async def trickle(
             "after_p99_ms": percentile(after, 99)}  # fmt: skip
 
 
-async def unflushed_trickle(h: Harness, count: int, rate: float) -> dict[str, float]:
+async def unflushed_trickle(
+    h: Harness, count: int, rate: float, rnd: Round = TRICKLE_ROUND
+) -> dict[str, float]:
     """The trickle again with synchronous_commit = off in every session of the member and
     of the enqueuer: the same path with no commit waiting for its WAL flush (not a
     setting pgjobd may run with: a claim or an enqueue lost in a crash of the server)."""
-    return await trickle(h, count, rate, dsn=with_settings(h.dsn, synchronous_commit="off"))
+    return await trickle(
+        h, count, rate, dsn=with_settings(h.dsn, synchronous_commit="off"), rnd=rnd
+    )
 
 
 _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\S* \S+ \[(\d+)\]")
@@ -854,11 +883,15 @@ async def main(args: argparse.Namespace) -> Results:
                         print(f"rep {rep} raw lifecycle {history}: {rate:,.0f} jobs/s",
                               flush=True)  # fmt: skip
                     if args.trickle:
-                        t = await trickle(h, args.trickle, args.trickle_rate)
+                        t = await trickle(
+                            h, args.trickle, args.trickle_rate, rnd=args.trickle_round
+                        )
                         results.trickle.append(t)
                         print(f"rep {rep} trickle: p50 {t['p50_ms']:.2f} "
                               f"p99 {t['p99_ms']:.2f} ms", flush=True)  # fmt: skip
-                        t = await unflushed_trickle(h, args.trickle, args.trickle_rate)
+                        t = await unflushed_trickle(
+                            h, args.trickle, args.trickle_rate, args.trickle_round
+                        )
                         results.trickle_unflushed.append(t)
                         print(f"rep {rep} trickle, commits not waited for: "
                               f"p50 {t['p50_ms']:.2f} p99 {t['p99_ms']:.2f} ms",
@@ -892,10 +925,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--n", type=int, default=20_000, help="jobs per drain")
     parser.add_argument("--rounds", default="1:50:all,2:50:all,1:50:none,1:20:all,1:100:all",
-                        help="processes:concurrency:history per drain round; the first "
-                        "is also the statement-log and profile round")  # fmt: skip
+                        help="processes:concurrency:history[:def][:batch|:other] per drain "
+                        "round; the first is also the statement-log and profile round")  # fmt: skip
     parser.add_argument("--trickle", type=int, default=200, help="jobs; 0 skips")
     parser.add_argument("--trickle-rate", type=float, default=100.0)
+    parser.add_argument(
+        "--trickle-round",
+        type=Round.parse,
+        default=TRICKLE_ROUND,
+        help="the trickle member's settings, as a round (default 1:50:all)",
+    )
     parser.add_argument("--peers", default="pgqueuer",
                         help='peers to run from the harness, e.g. "procrastinate pgqueuer '
                         'chancy oban"; "" for none')  # fmt: skip

@@ -212,6 +212,10 @@ class QueueConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     # resident memory ("" or "0": no limit), finishes its jobs and is replaced.
     max_jobs_per_process: Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)] = 0
     max_rss: str = ""
+    # The worker processes' Linux scheduling policy (systemd's CPUSchedulingPolicy=
+    # names): "batch" keeps a worker woken by a hand-over from preempting the supervisor
+    # that is still handing over (docs/decisions.md, "Workers run as batch work").
+    cpu_scheduling: Literal["batch", "other"] = "batch"
     # Fleet-wide flow control (contract §9), stored in the queue table when a member
     # starts or reloads: the last writer wins. None: no limit.
     global_concurrency: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] | None = None

@@ -407,7 +407,7 @@ class QueueWorkers:
         command = [sys.executable, "-m", "pgjobd.worker", "--queue", self.queue]
         for directory in self.handler_dirs:
             command += ["--handler-dir", str(directory)]
-        command += ["--slots", str(slots)]
+        command += ["--slots", str(slots), "--cpu-scheduling", self.config.cpu_scheduling]
         for name in self.middleware:
             command += ["--middleware", name]
         _tree.spawning += 1

@@ -82,6 +82,8 @@ from pgjobd.protocol import (
 )
 
 ORPHAN_GRACE_S = 5.0
+# A queue's cpu_scheduling (pgjobd.config): the Linux policy its workers run under.
+CPU_POLICIES = {"batch": "SCHED_BATCH", "other": "SCHED_OTHER"}
 
 log = logging.getLogger("pgjobd.worker")
 
@@ -94,12 +96,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--slots", type=int, required=True)
     parser.add_argument("--middleware", action="append", default=[])
+    parser.add_argument("--cpu-scheduling", choices=CPU_POLICIES)  # (none: as inherited)
     return parser.parse_args(argv)
 
 
 def command(args: argparse.Namespace) -> int:
     """`python -m pgjobd.worker` (and `pgjobd worker`). Never returns: it ends the process."""
-    code = main(args.queue, args.handler_dirs, args.slots, args.middleware)
+    code = main(args.queue, args.handler_dirs, args.slots, args.middleware, args.cpu_scheduling)
     # Skip interpreter teardown: a daemon thread still inside a handler could stall it.
     logging.shutdown()
     sys.stdout.flush()
@@ -108,7 +111,11 @@ def command(args: argparse.Namespace) -> int:
 
 
 def main(
-    queue: str, handler_dirs: Sequence[Path], slots: int, middleware: Sequence[str] = ()
+    queue: str,
+    handler_dirs: Sequence[Path],
+    slots: int,
+    middleware: Sequence[str] = (),
+    cpu_scheduling: str | None = None,
 ) -> int:
     frames_in, frames_out = _take_standard_streams()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -117,6 +124,8 @@ def main(
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     if not logging.getLogger().handlers:
         pgjobd_log.setup_worker(os.environ, queue, os.getpid())
+    if cpu_scheduling is not None:
+        set_cpu_scheduling(cpu_scheduling)  # before any thread starts: they inherit it
     try:
         registry = load_directories(handler_dirs)
         chain = pgjobd_middleware.load(middleware)
@@ -128,6 +137,24 @@ def main(
     worker = Worker(queue, registry, slots, chain)
     code: int = uvloop.run(worker.serve(frames_in, frames_out))
     return code
+
+
+def set_cpu_scheduling(policy: str) -> None:
+    """Put this process under the Linux scheduling policy named by `policy` (a queue's
+    cpu_scheduling). Under "batch" (SCHED_BATCH) a worker woken by the frames of a claim
+    does not preempt the supervisor, which then hands the rest of the claim to the other
+    workers first; the worker runs as soon as a CPU is free, or at the next tick. A
+    policy the system refuses (a seccomp filter) leaves the one inherited, with a
+    warning: it changes speed, not what runs. A platform without policies ignores it."""
+    if not hasattr(os, "sched_setscheduler"):
+        return
+    try:
+        os.sched_setscheduler(0, getattr(os, CPU_POLICIES[policy]), os.sched_param(0))
+    except OSError as e:
+        log.warning(
+            "cannot set cpu_scheduling = %r, keeping the policy inherited: %s", policy, e,
+            extra={"event": "worker.cpu_scheduling_refused"},
+        )  # fmt: skip
 
 
 def _take_standard_streams() -> tuple[int, int]:

@@ -124,9 +124,11 @@ BENCHES = [
            r"^--ci bounds: held$")),
     # Its own part only: the peers (--peers) are other job queues in virtualenvs of
     # their own (../shared/bench/peers), which CI does not have.
-    Bench("throughput.py", ("--reps", "1", "--n", "200", "--rounds", "1:20:all",
-                            "--trickle", "10", "--peers", "", "--floor"),
+    Bench("throughput.py", ("--reps", "1", "--n", "200", "--rounds", "1:20:all,1:20:all:other",
+                            "--trickle", "10", "--peers", "", "--floor",
+                            "--trickle-round", "1:50:all:other"),
           (rf"^drain p1 c20 all +{NUMBER} ",
+           rf"^drain p1 c20 all other +{NUMBER} ",
            rf"^floor p1 c20 all +{NUMBER} .* pgjobd {NUMBER} of it$",
            rf"^  server time, ms per 1,000 jobs \(first run; [^)]*\): .* {NUMBER}",
            rf"^raw lifecycle, 2 loops × 50, all +{NUMBER}$",

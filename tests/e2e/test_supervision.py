@@ -125,6 +125,21 @@ async def test_a_crash_looping_queue_is_marked_failed_while_others_work(
     assert member.process.returncode is None
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+async def test_each_queues_workers_run_under_its_cpu_scheduling(
+    start_member: StartMember,
+) -> None:
+    member = await start_member(
+        queues="[queues.default]\nconcurrency = 2\nprocesses = 1\n\n"
+        '[queues.io]\nconcurrency = 2\nprocesses = 1\ncpu_scheduling = "other"\n'
+    )
+    batch = await wait_until(lambda: _worker_pid(member.process.pid, "default"))
+    other = await wait_until(lambda: _worker_pid(member.process.pid, "io"))
+    assert os.sched_getscheduler(batch) == os.SCHED_BATCH  # the default
+    assert os.sched_getscheduler(other) == os.SCHED_OTHER
+    assert os.sched_getscheduler(member.process.pid) == os.SCHED_OTHER  # the supervisor's own
+
+
 def _worker_pid(parent: int, queue: str) -> int | None:
     for proc in Path("/proc").iterdir():
         try:

@@ -3,6 +3,8 @@
 SOURCE = '''
 import asyncio
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -84,6 +86,16 @@ def exit_hard(args: dict) -> None:
 @job
 async def pid(args: dict) -> int:
     return os.getpid()
+
+
+@job
+def cpu_policy(args: dict) -> list:
+    """The Linux scheduling policy of this handler's thread and of a process it starts."""
+    child = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"],
+        capture_output=True, text=True, check=True,
+    )
+    return [os.sched_getscheduler(0), int(child.stdout)]
 
 
 @job

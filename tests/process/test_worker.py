@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
@@ -29,10 +31,12 @@ from .test_supervisor import WAIT_S, handler_dir, make_job
 pytestmark = pytest.mark.anyio
 
 
-async def start_worker(tmp_path: Path) -> tuple[Process, Channel[ToParent], Ready]:
+async def start_worker(
+    tmp_path: Path, *options: str, launcher: Sequence[str] = ()
+) -> tuple[Process, Channel[ToParent], Ready]:
     directory = handler_dir(tmp_path, {"jobs.py": SOURCE})
-    command = [sys.executable, "-m", "pgjobd.worker", "--queue", "default",
-               "--handler-dir", str(directory), "--slots", "2"]  # fmt: skip
+    command = [*launcher, sys.executable, "-m", "pgjobd.worker", "--queue", "default",
+               "--handler-dir", str(directory), "--slots", "2", *options]  # fmt: skip
     process = await anyio.open_process(command, stderr=None)
     assert process.stdin is not None and process.stdout is not None
     channel: Channel[ToParent] = Channel(process.stdin, process.stdout, ToParent)
@@ -158,3 +162,40 @@ async def test_a_worker_imports_only_what_it_needs(tmp_path: Path) -> None:
         if any(name == top or name.startswith(top + ".") for top in NOT_IN_A_WORKER)
     )  # fmt: skip
     assert loaded == []
+
+
+async def run_cpu_policy(process: Process, channel: Channel[ToParent]) -> list[int]:
+    """What the cpu_policy handler saw: its thread's policy, and its child process's."""
+    async with process:
+        await channel.send(Run(job=make_job("cpu_policy"), timeout_s=30))
+        await channel.send(Stop())
+        with anyio.fail_after(WAIT_S):
+            done = await channel.receive()
+            assert isinstance(done, Done) and done.verdict == "completed", done
+            assert await process.wait() == 0
+    assert done.result is not None
+    seen: list[int] = msgspec.json.decode(done.result)
+    return seen
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+@pytest.mark.parametrize(
+    ("launcher", "policy", "expected"),
+    [
+        ((), "batch", "SCHED_BATCH"),
+        ((), "other", "SCHED_OTHER"),
+        # The policy is set, not only added to: a worker of a service that runs as
+        # batch work (systemd's CPUSchedulingPolicy=batch) can still be "other".
+        (("chrt", "--batch", "0"), "other", "SCHED_OTHER"),
+        (("chrt", "--batch", "0"), None, "SCHED_BATCH"),  # no option: as inherited
+        ((), None, "SCHED_OTHER"),
+    ],
+)
+async def test_a_worker_runs_under_its_queues_cpu_scheduling_and_so_do_its_threads_and_children(
+    tmp_path: Path, launcher: tuple[str, ...], policy: str | None, expected: str
+) -> None:
+    options = () if policy is None else ("--cpu-scheduling", policy)
+    process, channel, _ = await start_worker(tmp_path, *options, launcher=launcher)
+    assert os.sched_getscheduler(process.pid) == getattr(os, expected)
+    # The cpu_policy handler is a `def` one: it runs in a thread the worker started.
+    assert await run_cpu_policy(process, channel) == [getattr(os, expected)] * 2

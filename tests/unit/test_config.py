@@ -83,6 +83,7 @@ def test_queue_defaults() -> None:
     assert queue.timeout == timedelta(minutes=5)
     assert queue.backoff_base == timedelta(seconds=1)
     assert queue.backoff_max == timedelta(hours=1)
+    assert queue.cpu_scheduling == "batch"
 
 
 def test_example_config_loads() -> None:
@@ -192,6 +193,11 @@ def test_duplicate_toml_key_is_malformed() -> None:
         # choices
         ("[daemon]\nlog_format = 'xml'", "daemon.log_format", 'one of "json", "text"'),
         ("[daemon]\nlog_level = 'loud'", "daemon.log_level", '"debug", "error"'),
+        (
+            "[queues.email]\ncpu_scheduling = 'fifo'",
+            "queues.email.cpu_scheduling",
+            'expected one of "batch", "other", got a string ("fifo")',
+        ),
         (
             f"[[cron]]\n{CRON}catch_up = 'some'",
             'cron[0] (name "nightly").catch_up',
