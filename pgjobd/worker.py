@@ -143,9 +143,11 @@ def set_cpu_scheduling(policy: str) -> None:
     """Put this process under the Linux scheduling policy named by `policy` (a queue's
     cpu_scheduling). Under "batch" (SCHED_BATCH) a worker woken by the frames of a claim
     does not preempt the supervisor, which then hands the rest of the claim to the other
-    workers first; the worker runs as soon as a CPU is free, or at the next tick. A
-    policy the system refuses (a seccomp filter) leaves the one inherited, with a
-    warning: it changes speed, not what runs. A platform without policies ignores it."""
+    workers first; the worker starts at once on an idle CPU, else when the task running
+    there sleeps or its time slice ends. Only the calling thread's policy is set: call
+    it before any thread starts (threads and child processes inherit it). A policy the
+    system refuses (a seccomp filter) leaves the one inherited, with a warning: it
+    changes speed, not what runs. A platform without policies ignores it."""
     if not hasattr(os, "sched_setscheduler"):
         return
     try:
