@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Sequence
@@ -179,6 +180,7 @@ async def run_cpu_policy(process: Process, channel: Channel[ToParent]) -> list[i
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+@pytest.mark.skipif(shutil.which("chrt") is None, reason="util-linux's chrt")
 @pytest.mark.parametrize(
     ("launcher", "policy", "expected"),
     [

@@ -555,6 +555,18 @@ def test_queue_integer_limits(key: str, value: int) -> None:
         assert message.endswith(f", got {value}")
 
 
+@given(st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=20))
+def test_cpu_scheduling_is_batch_or_other_and_nothing_else(policy: str) -> None:
+    text = f"[queues.q]\ncpu_scheduling = {json.dumps(policy, ensure_ascii=False)}\n"
+    if policy in ("batch", "other"):
+        assert loads(text, FILE).queues["q"].cpu_scheduling == policy
+    else:
+        message = config_error(text)
+        assert message.startswith(
+            f'{FILE}: queues.q.cpu_scheduling: expected one of "batch", "other", got a string'
+        ), message
+
+
 @given(st.integers(min_value=1, max_value=30), st.integers(min_value=1, max_value=30))
 def test_processes_never_exceed_concurrency(concurrency: int, processes: int) -> None:
     text = f"[queues.q]\nconcurrency = {concurrency}\nprocesses = {processes}\n"
