@@ -68,6 +68,7 @@ from procstat import children_of, cpu_snapshot, cpu_split, postgres_pids
 from pgjobd.client import Client
 from pgjobd.config import QueueConfig
 from pgjobd.migrate import migrate
+from pgjobd.protocol import CPU_POLICIES
 from pgjobd.queries import QUERY_FILES, Queries, for_schema
 from pgjobd.sql_text import named_blocks
 from pgjobd.statements.job import CompleteRow
@@ -130,11 +131,12 @@ class Round:
         for option in options:
             if option in ("async", "def"):
                 handler = option
-            elif option in ("batch", "other"):
+            elif option in CPU_POLICIES:
                 policy = option
             else:
+                policies = ", ".join(CPU_POLICIES)
                 raise ValueError(f"round {text!r}: {option!r} is neither a handler "
-                                 "(async, def) nor a cpu_scheduling (batch, other)")  # fmt: skip
+                                 f"(async, def) nor a cpu_scheduling ({policies})")  # fmt: skip
         return cls(int(processes), int(concurrency), history, handler, policy)
 
 

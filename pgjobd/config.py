@@ -39,6 +39,7 @@ from pgjobd.names import (
     schema_name_problem,
     text_problem,
 )
+from pgjobd.protocol import CpuScheduling
 
 DEFAULT_QUEUE = "default"
 # Searched in this order when neither --config nor $PGJOBD_CONFIG names a file.
@@ -215,7 +216,7 @@ class QueueConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     # The worker processes' Linux scheduling policy (systemd's CPUSchedulingPolicy=
     # names): "batch" keeps a worker woken by a hand-over from preempting the supervisor
     # that is still handing over (docs/decisions.md, "Workers run as batch work").
-    cpu_scheduling: Literal["batch", "other"] = "batch"
+    cpu_scheduling: CpuScheduling = "batch"
     # Fleet-wide flow control (contract §9), stored in the queue table when a member
     # starts or reloads: the last writer wins. None: no limit.
     global_concurrency: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] | None = None

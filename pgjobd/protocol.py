@@ -22,12 +22,17 @@ import asyncio
 import os
 import struct
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar, get_args
 
 import msgspec
 
 from pgjobd.errors import PgjobdError
 from pgjobd.model import ClaimedJob, KindInfo, Outcome, Verdict
+
+# A queue's cpu_scheduling (pgjobd.config): the Linux scheduling policy its workers run
+# under, as the supervisor passes it on a worker's command line, by systemd's names.
+CpuScheduling = Literal["batch", "other"]
+CPU_POLICIES = {name: f"SCHED_{name.upper()}" for name in get_args(CpuScheduling)}
 
 # A worker's exit status, as its parent reads it (the parent never imports pgjobd.worker).
 EXIT_OK = 0

@@ -64,6 +64,7 @@ from pgjobd.middleware import Middleware
 from pgjobd.model import ClaimedJob, KindInfo
 from pgjobd.outcome import storable
 from pgjobd.protocol import (
+    CPU_POLICIES,
     EXIT_ABANDONED,
     EXIT_BOOT,
     EXIT_CHANNEL_BROKEN,
@@ -82,8 +83,6 @@ from pgjobd.protocol import (
 )
 
 ORPHAN_GRACE_S = 5.0
-# A queue's cpu_scheduling (pgjobd.config): the Linux policy its workers run under.
-CPU_POLICIES = {"batch": "SCHED_BATCH", "other": "SCHED_OTHER"}
 
 log = logging.getLogger("pgjobd.worker")
 
