@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -555,16 +556,49 @@ def test_queue_integer_limits(key: str, value: int) -> None:
         assert message.endswith(f", got {value}")
 
 
-@given(st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=20))
-def test_cpu_scheduling_is_batch_or_other_and_nothing_else(policy: str) -> None:
-    text = f"[queues.q]\ncpu_scheduling = {json.dumps(policy, ensure_ascii=False)}\n"
-    if policy in ("batch", "other"):
-        assert loads(text, FILE).queues["q"].cpu_scheduling == policy
+def toml_value(value: object) -> str:
+    """`value` as a TOML value: strings escaped wherever TOML requires (quotes,
+    backslashes, control characters such as NUL), floats' infinities and NaN by name."""
+    if isinstance(value, str):
+        escaped = "".join(
+            f"\\u{ord(c):04x}" if c in '"\\' or ord(c) < 0x20 or ord(c) == 0x7F else c
+            for c in value
+        )
+        return f'"{escaped}"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return {math.inf: "inf", -math.inf: "-inf"}.get(value, repr(value))
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return str(value)
+
+
+@given(
+    st.one_of(
+        st.sampled_from(
+            ["batch", "other", "", "\x00", "batch\x00", " batch", "BATCH", "b" * 100_000]
+        ),
+        st.text(st.characters(blacklist_categories=("Cs",))),  # NUL and controls too
+        st.integers(),  # negative, zero, past int64
+        st.floats(),  # infinities and NaN
+        st.booleans(),
+        st.lists(st.integers(), max_size=3),
+    )
+)
+def test_cpu_scheduling_is_batch_or_other_and_nothing_else(value: object) -> None:
+    text = f"[queues.q]\ncpu_scheduling = {toml_value(value)}\n"
+    if isinstance(value, str) and value in ("batch", "other"):
+        assert loads(text, FILE).queues["q"].cpu_scheduling == value
+        return
+    message = config_error(text)
+    where = f"{FILE}: queues.q.cpu_scheduling: "
+    if isinstance(value, str):
+        assert message.startswith(f'{where}expected one of "batch", "other", got a string')
     else:
-        message = config_error(text)
-        assert message.startswith(
-            f'{FILE}: queues.q.cpu_scheduling: expected one of "batch", "other", got a string'
-        ), message
+        assert message.startswith(f"{where}expected a string, got "), message
 
 
 @given(st.integers(min_value=1, max_value=30), st.integers(min_value=1, max_value=30))
