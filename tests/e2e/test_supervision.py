@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -140,7 +141,45 @@ async def test_each_queues_workers_run_under_its_cpu_scheduling(
     assert os.sched_getscheduler(member.process.pid) == os.SCHED_OTHER  # the supervisor's own
 
 
-def _worker_pid(parent: int, queue: str) -> int | None:
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+async def test_a_reload_changes_cpu_scheduling_with_the_new_workers_and_a_bad_one_changes_nothing(
+    schema: str, conn: asyncpg.Connection, start_member: StartMember, tmp_path: Path
+) -> None:
+    queue = "[queues.default]\nconcurrency = 2\nprocesses = 1\n"
+    member = await start_member(queues=queue, daemon=JSON_LOG)
+    config = tmp_path / "member0.toml"
+    first = await wait_until(lambda: _worker_pid(member.process.pid, "default"))
+    assert os.sched_getscheduler(first) == os.SCHED_BATCH
+
+    config.write_text(config.read_text() + 'cpu_scheduling = "other"\n')
+    member.send_signal(signal.SIGHUP)
+    await wait_for_event(member, "member.reloaded")
+
+    def replaced() -> set[int] | None:  # the old generation's worker gone, a new one up
+        pids = _worker_pids(member.process.pid, "default")
+        return pids if len(pids) == 1 and first not in pids else None
+
+    [second] = await wait_until(replaced, what="the new generation's worker alone")
+    assert os.sched_getscheduler(second) == os.SCHED_OTHER
+
+    config.write_text(config.read_text().replace('"other"', '"fifo"'))
+    check = await anyio.run_process(
+        [sys.executable, "-m", "pgjobd", "check-config", "--config", str(config)], check=False
+    )
+    assert check.returncode == 78
+    assert b'queues.default.cpu_scheduling: expected one of "batch", "other"' in check.stderr
+    member.send_signal(signal.SIGHUP)
+    rejected = await wait_for_event(member, "member.reload_rejected")
+    assert "queues.default.cpu_scheduling" in rejected["msg"]
+    job_id = await conn.fetchval(f"SELECT {schema}.enqueue('echo', '{{\"n\": 1}}')")
+    records = await wait_all_final(conn, schema, 1)
+    assert records[job_id]["state"] == "completed"  # the generation of the last good config
+    assert _worker_pids(member.process.pid, "default") == {second}
+    assert member.process.returncode is None
+
+
+def _worker_pids(parent: int, queue: str) -> set[int]:
+    pids = set()
     for proc in Path("/proc").iterdir():
         try:
             status = (proc / "status").read_text()
@@ -149,8 +188,12 @@ def _worker_pid(parent: int, queue: str) -> int | None:
             continue
         is_worker = b"pgjobd.worker" in cmdline and queue.encode() in cmdline
         if f"\nPPid:\t{parent}\n" in status and is_worker:
-            return int(proc.name)
-    return None
+            pids.add(int(proc.name))
+    return pids
+
+
+def _worker_pid(parent: int, queue: str) -> int | None:
+    return min(_worker_pids(parent, queue), default=None)
 
 
 async def _gated_job(conn: asyncpg.Connection, schema: str, tmp_path: Path) -> tuple[int, Path]:
