@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,6 +18,9 @@ from typing import Any
 # running it: only after one of these may a second execution overlap the first.
 LEASE_LOST = {"lease_expired", "crashed", "timeout"}
 MAX_EXAMPLES = 5
+# The chaos members leave every queue's cpu_scheduling at its default, "batch": each
+# execution must run under it, in replaced workers, restarted members and reloads too.
+QUEUE_POLICY = getattr(os, "SCHED_BATCH", None)
 
 
 @dataclass
@@ -207,6 +211,15 @@ def check(
     callbacks = sum(1 for r in finals.values() if r.get("depends_on"))
     if callbacks:
         v.notes.append(f"{callbacks} jobs with dependencies checked")
+
+    # Every execution ran under its queue's cpu_scheduling (NULL: no policies here).
+    off_policy = [
+        f"job {i} attempt {e['attempt']} pid {e['worker_pid']} under policy {e['cpu_policy']}"
+        for i, x in ledger.items()
+        for e in x
+        if e.get("cpu_policy") is not None and e["cpu_policy"] != QUEUE_POLICY
+    ]
+    v.fail("execution not under its queue's cpu_scheduling", off_policy)
 
     versions = sorted({e["outcome"] for x in ledger.values() for e in x if ":v" in e["outcome"]})
     if versions:

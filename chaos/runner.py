@@ -63,8 +63,10 @@ CREATE TABLE IF NOT EXISTS public.chaos_ledger (
     started_at  timestamptz NOT NULL,
     ended_at    timestamptz NOT NULL,
     outcome     text        NOT NULL,
-    recorded_at timestamptz NOT NULL DEFAULT clock_timestamp()
+    recorded_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    cpu_policy  integer     -- the worker's Linux scheduling policy (NULL elsewhere)
 );
+ALTER TABLE public.chaos_ledger ADD COLUMN IF NOT EXISTS cpu_policy integer;
 -- One row per execution, whatever the retries: a write whose COMMIT answer was lost
 -- with a restarting server is written again, and must not look like a second run.
 CREATE UNIQUE INDEX IF NOT EXISTS chaos_ledger_execution_idx

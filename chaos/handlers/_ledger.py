@@ -23,8 +23,8 @@ _LEDGER_RETRY_S = 120.0
 
 _INSERT = (
     "INSERT INTO public.chaos_ledger (job_id, attempt, kind, n, member_pid, worker_pid, "
-    "started_at, ended_at, outcome) "
-    "VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7), to_timestamp($8), $9) "
+    "started_at, ended_at, outcome, cpu_policy) "
+    "VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7), to_timestamp($8), $9, $10) "
     "ON CONFLICT DO NOTHING"  # a retry of a write whose COMMIT answer was lost
 )
 _STARTED = (
@@ -59,9 +59,10 @@ async def _reset_pool() -> None:
 async def ledger(ctx: JobContext, n: int, started: float, outcome: str) -> None:
     """One execution ended (or is about to end its process): its ledger row."""
     ended = time.time()
+    policy = os.sched_getscheduler(0) if hasattr(os, "sched_getscheduler") else None
     await _write(
         _INSERT, ctx.id, ctx.attempt, ctx.kind, n, os.getppid(), os.getpid(),
-        started, ended, outcome,
+        started, ended, outcome, policy,
     )  # fmt: skip
 
 
