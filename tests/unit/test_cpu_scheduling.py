@@ -8,8 +8,10 @@ import logging
 import os
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from pgjobd.worker import set_cpu_scheduling
+from pgjobd.worker import parse_args, set_cpu_scheduling
 
 
 def test_a_refused_policy_is_a_warning_that_names_it_and_the_reason(
@@ -34,3 +36,19 @@ def test_a_platform_without_policies_ignores_it(
     with caplog.at_level(logging.DEBUG, logger="pgjobd.worker"):
         set_cpu_scheduling("batch")
     assert caplog.records == []
+
+
+@given(
+    st.one_of(
+        st.sampled_from(["batch", "other", "", "\x00", "BATCH", "fifo", "-1", "b" * 100_000]),
+        st.text(st.characters(blacklist_categories=("Cs",))),
+    )
+)
+def test_the_workers_option_takes_batch_or_other_and_nothing_else(value: str) -> None:
+    argv = ["--queue", "q", "--handler-dir", "h", "--slots", "1", "--cpu-scheduling", value]
+    if value in ("batch", "other"):
+        assert parse_args(argv).cpu_scheduling == value
+    else:
+        with pytest.raises(SystemExit) as exited:
+            parse_args(argv)
+        assert exited.value.code == 2  # argparse's usage error, naming the choices
