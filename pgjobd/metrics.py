@@ -15,6 +15,7 @@ leader only: a follower exports none of them (they are cleared when leadership e
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -111,21 +112,82 @@ STALE_OUTCOMES = Counter(
     "Outcomes dropped because the job's lease (fence) was lost before they were recorded.",
     ["queue"], registry=REGISTRY,
 )  # fmt: skip
-JOB_DURATION = Histogram(
+
+
+class LoopHistogram(Collector):
+    """A labelled histogram for what is observed once per job: counted in plain lists
+    and exported at scrape time. prometheus_client's Histogram takes a lock for its sum
+    and another for a bucket on every observation, which was a tenth of the supervisor's
+    CPU per job (bench/cpu_per_job.py, docs/decisions.md). Every observation and every
+    scrape of these happen on the member's event loop (the /metrics endpoint is served
+    there), so none needs a lock."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        buckets: Sequence[float],
+        registry: CollectorRegistry = REGISTRY,
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self.bounds = tuple(float(bound) for bound in buckets)
+        self._les = [repr(bound) for bound in self.bounds] + ["+Inf"]
+        self._series: dict[tuple[str, ...], LoopHistogramSeries] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> LoopHistogramSeries:
+        series = self._series.get(values)
+        if series is None:
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name} takes labels {self.labelnames}, not {values}")
+            series = self._series[values] = LoopHistogramSeries(self.bounds)
+        return series
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for values, series in self._series.items():
+            cumulative, buckets = 0, []
+            for le, count in zip(self._les, series.counts, strict=True):
+                cumulative += count
+                buckets.append((le, float(cumulative)))
+            family.add_metric(list(values), buckets, series.sum)
+        yield family
+
+
+class LoopHistogramSeries:
+    """One label set's counts: counts[i] holds the observations above bounds[i - 1] and
+    up to bounds[i] (the last: above every bound, +Inf's own)."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+
+JOB_DURATION = LoopHistogram(
     "pgjobd_job_duration_seconds",
     "Handler run time of recorded attempts (as the worker measured it; for a crash, until "
     "the death was seen).",
-    ["queue", "kind"], buckets=DURATION_BUCKETS, registry=REGISTRY,
+    ["queue", "kind"], DURATION_BUCKETS,
 )  # fmt: skip
-JOB_WAIT = Histogram(
+JOB_WAIT = LoopHistogram(
     "pgjobd_job_wait_seconds",
     "From when a job was due (run_at) to its claim, on the database clock.",
-    ["queue"], buckets=WAIT_BUCKETS, registry=REGISTRY,
+    ["queue"], WAIT_BUCKETS,
 )  # fmt: skip
-CLAIM_DURATION = Histogram(
+CLAIM_DURATION = LoopHistogram(
     "pgjobd_claim_duration_seconds",
     "Round trip of one claim statement (pool acquire included).",
-    ["queue"], buckets=CLAIM_BUCKETS, registry=REGISTRY,
+    ["queue"], CLAIM_BUCKETS,
 )  # fmt: skip
 
 # -- workers ----------------------------------------------------------------------------
@@ -277,7 +339,8 @@ def record_outcomes(recorded: Iterable[tuple[Outcome, str | None]]) -> None:
     """Count outcomes the database recorded, each with its dead/cancelled reason (None:
     the job goes on, or completed). Grouped, so a batch costs one call per label set."""
     tally: Tally[tuple[Counter, tuple[str, ...]]] = Tally()
-    durations: dict[tuple[str, str], Histogram] = {}  # each label set's histogram, looked up once
+    # Each label set's histogram, looked up once.
+    durations: dict[tuple[str, str], LoopHistogramSeries] = {}
     for outcome, reason in recorded:
         job = outcome.job
         labels = (job.queue, job.kind)

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import anyio
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from pgjobd import health, metrics
 from pgjobd.model import ClaimedJob, Outcome, Verdict
@@ -71,6 +74,45 @@ def test_a_claim_counts_its_jobs_by_kind_and_their_waits() -> None:
     assert value("pgjobd_job_wait_seconds_count", queue=q) == 3
     assert value("pgjobd_job_wait_seconds_sum", queue=q) == pytest.approx(2.5)
     assert value("pgjobd_job_wait_seconds_bucket", queue=q, le="1.0") == 2
+
+
+# Any finite value, the bounds themselves and their neighbours among them.
+_OBSERVED = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from(metrics.DURATION_BUCKETS),
+    st.sampled_from(metrics.DURATION_BUCKETS).map(lambda b: b * (1 + 2**-52)),
+    st.sampled_from(metrics.DURATION_BUCKETS).map(lambda b: b * (1 - 2**-53)),
+    st.just(0.0), st.just(-0.0), st.just(float("inf")),
+)  # fmt: skip
+
+
+@given(observations=st.lists(st.tuples(st.sampled_from(["a", 'b\n"c']), _OBSERVED)))
+def test_a_loop_histogram_exports_what_prometheus_clients_histogram_does(
+    observations: list[tuple[str, float]],
+) -> None:
+    """The lock-free histogram of the per-job metrics against the library's own, given
+    the same observations: the same text, bucket by bucket (an infinity lands in +Inf),
+    but for the `_created` series, which the daemon turns off (watch_member)."""
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    loop_histogram = metrics.LoopHistogram(
+        "h_seconds", "doc", ["queue"], metrics.DURATION_BUCKETS, registry=ours
+    )
+    histogram = Histogram(
+        "h_seconds", "doc", ["queue"], buckets=metrics.DURATION_BUCKETS, registry=theirs
+    )
+    for label, value in observations:
+        loop_histogram.labels(label).observe(value)
+        histogram.labels(label).observe(value)
+    created = re.compile(rb"^.*h_seconds_created.*\n", re.MULTILINE)
+    assert generate_latest(ours) == created.sub(b"", generate_latest(theirs))
+
+
+def test_a_loop_histogram_refuses_the_wrong_number_of_labels() -> None:
+    loop_histogram = metrics.LoopHistogram(
+        "h_seconds", "doc", ["queue", "kind"], (1.0,), registry=CollectorRegistry()
+    )
+    with pytest.raises(ValueError, match=r"h_seconds takes labels \('queue', 'kind'\)"):
+        loop_histogram.labels("q")
 
 
 def test_queue_gauges_are_replaced_and_cleared_when_leadership_ends() -> None:
