@@ -113,14 +113,15 @@ async def execute(
     hidden = _secrets(job.args, spec.redact) if spec is not None else ()
     pgjobd_log.job_secrets.set(hidden)
     if not tracing.in_use():
-        done = await _execute(registry, job, timeout_s, where=where, cancelled=cancelled,
+        done = await _execute(registry, spec, job, timeout_s, where=where, cancelled=cancelled,
                               middleware=middleware, results=results)  # fmt: skip
     else:
         async with tracing.run_span(
             job.kind, job.id, job.queue, job.attempt, job.trace_context
         ) as outcome:
-            done = await _execute(registry, job, timeout_s, where=where, cancelled=cancelled,
-                                  middleware=middleware, results=results)  # fmt: skip
+            done = await _execute(registry, spec, job, timeout_s, where=where,
+                                  cancelled=cancelled, middleware=middleware,
+                                  results=results)  # fmt: skip
             outcome(done.verdict, redact.redact_text(done.error_message, hidden))
     if hidden and (done.error_message or done.traceback):
         done = msgspec.structs.replace(
@@ -142,6 +143,7 @@ def _secrets(args_json: bytes | str, fields: tuple[str, ...]) -> tuple[str, ...]
 
 async def _execute(
     registry: Registry,
+    spec: HandlerSpec | None,
     job: ClaimedJob,
     timeout_s: float,
     *,
@@ -150,7 +152,6 @@ async def _execute(
     middleware: Sequence[Middleware],
     results: ResultsReader | None,
 ) -> Done:
-    spec = registry.get(job.kind)
     if spec is None:
         known = ", ".join(registry.kinds()) or "none"
         return Done(
@@ -239,6 +240,8 @@ async def run_attempt(
             raise
         verdict = "discarded" if isinstance(e, spec.discard_on) else "failed"
         return done(verdict, **_error_fields(e))
+    if value is None:  # (no result to encode: the common case, without done()'s **fields)
+        return Done(job.id, job.fence, "completed", time.monotonic() - started)
     return done("completed", result=_encode_result(value))
 
 

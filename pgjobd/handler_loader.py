@@ -71,6 +71,9 @@ class Registry(Mapping[str, HandlerSpec]):
     def __getitem__(self, kind: str) -> HandlerSpec:
         return self._specs[kind]
 
+    def get(self, kind: str, default: HandlerSpec | None = None) -> HandlerSpec | None:  # type: ignore[override]
+        return self._specs.get(kind, default)  # (Mapping's get: a raised KeyError per miss)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._specs)
 

@@ -124,6 +124,15 @@ def storable_delay(after_s: float | None) -> tuple[float | None, str | None]:
 def storable(outcome: T) -> T:
     """`outcome` (an Outcome or a worker's Done) with every field storable: itself when
     nothing needed changing, which is the common case and costs a few checks."""
+    if (
+        outcome.error_class is None
+        and outcome.error_message is None
+        and outcome.traceback is None
+        and outcome.result is None
+        and outcome.after_s is None
+        and 0.0 <= outcome.duration_s < math.inf
+    ):
+        return outcome  # the common case: a job that completed and returned nothing
     fields: dict[str, Any] = {}
     error_class, message = outcome.error_class, outcome.error_message
     traceback, result, after_s = outcome.traceback, outcome.result, outcome.after_s

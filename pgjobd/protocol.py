@@ -238,7 +238,9 @@ class ChildChannel:
         if not self._unsent:
             asyncio.get_running_loop().call_soon(self._write_unsent)
         self._unsent.append(encode_frame(message))
-        await self._writer.drain()  # waits only when the pipe is backed up
+        transport = self._writer.transport
+        if transport.get_write_buffer_size() or transport.is_closing():
+            await self._writer.drain()  # the pipe is backed up (or gone: drain raises)
 
     def _write_unsent(self) -> None:
         frames, self._unsent = self._unsent, []

@@ -195,6 +195,7 @@ class Worker:
         self.registry = registry
         self.slots = slots
         self.middleware = list(middleware)
+        self._where = f"this worker of queue {queue!r}"  # (for an unknown kind's message)
         # Each held job's cancellation (its ctx.cancelled, if it has a context), made when
         # its Run arrives: a Cancel may follow before the job's task has started. By
         # (id, fence): a job may be held twice, when its lease ran out and this member
@@ -326,9 +327,9 @@ class Worker:
         """Run one job to its Done (pgjobd.execution)."""
         job = run.job
         return await execute(
-            self.registry, job, run.timeout_s, where=f"this worker of queue {self.queue!r}",
-            cancelled=self._cancelled.get((job.id, job.fence)),
-            middleware=self.middleware, results=self._results_reader(job),
+            self.registry, job, run.timeout_s, where=self._where,
+            cancelled=self._cancelled.get((job.id, job.fence)), middleware=self.middleware,
+            results=self._results_reader(job) if job.depends_on or job.after else None,
         )  # fmt: skip
 
 
