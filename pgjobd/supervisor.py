@@ -101,7 +101,7 @@ PR_SET_CHILD_SUBREAPER = 36
 JobKey = tuple[int, int]  # (id, fence): one attempt of a job
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Held:
     job: ClaimedJob
     sent_at: float
@@ -229,14 +229,16 @@ class QueueWorkers:
         before) or whose child dies before the job reaches it is reported given_back: it
         never ran.
         """
-        batches: dict[int, tuple[_Child, list[Run]]] = {}
+        batches: dict[_Child, list[Run]] = {}
         now = anyio.current_time()
         unplaced: list[ClaimedJob] = []
         crashed_before = False
+        # Each child's room, kept here as jobs are placed: nothing else changes it before
+        # the sends below (a placed job takes a place; a suspect takes the child's all).
+        room = {} if self._draining else {c: c.free for c in self._children.values()}
+        timeouts: dict[tuple[_Child, str], float] = {}
         for job in jobs:
-            candidates = [c for c in self._children.values() if c.free > 0]
-            if self._draining:
-                candidates = []
+            candidates = [c for c, free in room.items() if free > 0]
             if not candidates:
                 # A worker ended while the claim was in flight and took its slots along,
                 # or each one with room took a job that crashed before, alone.
@@ -246,17 +248,21 @@ class QueueWorkers:
                 crashed_before = True
                 child = min(candidates, key=lambda c: (len(c.held), c.index))
                 child.suspect = (job.id, job.fence)
+                room[child] = 0
             else:
-                child = max(candidates, key=lambda c: (c.free, -c.index))
-            info = child.kinds.get(job.kind)
-            timeout_s = (
-                info.timeout_s
-                if info is not None and info.timeout_s is not None
-                else self.config.timeout.total_seconds()
-            )
+                child = candidates[0]
+                if len(candidates) > 1:
+                    child = max(candidates, key=lambda c: (room[c], -c.index))
+                room[child] -= 1
+            timeout_s = timeouts.get((child, job.kind))
+            if timeout_s is None:
+                timeout_s = timeouts[child, job.kind] = self._timeout_s(child, job.kind)
             deadline = now + timeout_s + self.grace_s
             child.held[job.id, job.fence] = _Held(job, now, timeout_s, deadline)
-            batches.setdefault(child.index, (child, []))[1].append(Run(job, timeout_s))
+            runs = batches.get(child)
+            if runs is None:
+                runs = batches[child] = []
+            runs.append(Run(job, timeout_s))
             if deadline < self._watchdog_wakes_at:
                 self._notify_deadlines()
         if unplaced and any(job.crashes for job in unplaced):
@@ -269,7 +275,7 @@ class QueueWorkers:
             await self.outcomes.send(
                 Outcome(job, "given_back", error_message=f"{why} after the claim")
             )
-        for child, runs in batches.values():
+        for child, runs in batches.items():
             try:
                 await child.channel.send_many(runs)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError) as e:
@@ -279,6 +285,13 @@ class QueueWorkers:
                         await self.outcomes.send(
                             Outcome(run.job, "given_back", error_message=f"worker gone: {e}")
                         )
+
+    def _timeout_s(self, child: _Child, kind: str) -> float:
+        """A job of `kind`'s timeout in `child`: its handler's own, else the queue's."""
+        info = child.kinds.get(kind)
+        if info is not None and info.timeout_s is not None:
+            return info.timeout_s
+        return self.config.timeout.total_seconds()
 
     def cancel(self, key: JobKey) -> None:
         """Set the attempt's ctx.cancelled in the child that holds it (no-op if none)."""
