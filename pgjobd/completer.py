@@ -283,15 +283,15 @@ class Completer:
             )  # fmt: skip
 
     async def _complete(self, completed: list[Outcome]) -> None:
-        rows = [
-            CompleteRow(
-                o.job.id,
-                o.job.fence,
-                o.result.decode() if o.result is not None else None,
-                self._queue(o).history == "all",
-            )
-            for o in completed
-        ]
+        keeps: dict[str, bool] = {}  # by queue: whether a completed job keeps a record
+        rows = []
+        for o in completed:
+            job = o.job
+            keep = keeps.get(job.queue)
+            if keep is None:
+                keep = keeps[job.queue] = self._queue(o).history == "all"
+            result = o.result.decode() if o.result is not None else None
+            rows.append(CompleteRow(job.id, job.fence, result, keep))
         async with db.acquire(self.pool) as conn:
             finished = await self.q.job_complete_many(conn, rows)
             self._forget_ends(completed)
@@ -348,10 +348,16 @@ class Completer:
         """Count and log the outcomes recorded: `reasons` has each attempt recorded, with
         why its job ended (dead: the reason; or cancelled), else None."""
         self.recorded += len(reasons)
-        recorded = [(o, reasons[_key(o)]) for o in batch if _key(o) in reasons]
+        recorded: list[tuple[Outcome, str | None]] = []
+        lost: list[Outcome] = []
+        for o in batch:
+            key = _key(o)
+            if key in reasons:
+                recorded.append((o, reasons[key]))
+            else:
+                lost.append(o)
         metrics.record_outcomes(recorded)
         self._log_outcomes(recorded)
-        lost = [o for o in batch if _key(o) not in reasons]
         if lost:
             self.stale += len(lost)
             for o in lost:
@@ -444,5 +450,9 @@ def _key(outcome: Outcome) -> tuple[int, int]:
 
 
 def _remove(pending: list[Outcome], done: list[Outcome]) -> None:
+    """Remove `done`, a part of `pending`, from it."""
+    if len(done) == len(pending):  # (all of it: a batch of completions alone, mostly)
+        pending.clear()
+        return
     gone = {id(o) for o in done}
     pending[:] = [o for o in pending if id(o) not in gone]

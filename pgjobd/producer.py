@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -112,6 +113,10 @@ class ClaimStart(NamedTuple):
     epoch: int
 
 
+# A claimed row's place in claim order, as a plain tuple (ClaimKey's fields).
+_claim_order = operator.attrgetter("priority", "scheduled_at", "id")
+
+
 class ClaimCursor:
     """Where a producer's next job_claim starts, and when to look behind it (see
     CURSOR_HEAD_S)."""
@@ -133,7 +138,7 @@ class ClaimCursor:
             # past the job found behind before a claim from the head has taken it.
             return False
         if rows:
-            last = max(ClaimKey.of(row) for row in rows)
+            last = ClaimKey.of(max(rows, key=_claim_order))
             # (Two claim loops share the cursor: it never moves back but to the head.)
             if self.after is None or last > self.after:
                 self.after = last

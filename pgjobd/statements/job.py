@@ -138,21 +138,20 @@ class ClaimRow(NamedTuple):
     trace_context: str | None = None  # JSON text (pgjobd.tracing)
 
     def claimed_job(self) -> ClaimedJob:
-        """The job as the member holds it (the args stay JSON text, as bytes)."""
+        """The job as the member holds it (the args stay JSON text, as bytes). Its fields
+        by position, in ClaimedJob's order: a claim makes one per job."""
         return ClaimedJob(
-            id=self.id, fence=self.fence, kind=self.kind, queue=self.queue,
-            attempt=self.attempt, max_attempts=self.max_attempts, crashes=self.crashes,
-            priority=self.priority, tenant=self.tenant, enqueued_at=self.enqueued_at,
-            scheduled_at=self.scheduled_at, args=self.args.encode(),
-            depends_on=tuple(self.depends_on or ()), after=tuple(self.after_jobs or ()),
-            after_failed=self.blockers_failed,
-            trace_context=_trace_context(self.trace_context),
+            self.id, self.fence, self.kind, self.queue, self.attempt, self.max_attempts,
+            self.crashes, self.priority, self.tenant, self.enqueued_at, self.scheduled_at,
+            self.args.encode(),
+            () if self.depends_on is None else tuple(self.depends_on),
+            () if self.after_jobs is None else tuple(self.after_jobs),
+            self.blockers_failed,
+            None if self.trace_context is None else _trace_context(self.trace_context),
         )  # fmt: skip
 
 
-def _trace_context(text: str | None) -> dict[str, str] | None:
-    if text is None:
-        return None
+def _trace_context(text: str) -> dict[str, str] | None:
     try:
         return msgspec.json.decode(text, type=dict[str, str])
     except msgspec.DecodeError:  # not propagation fields (a direct INSERT): not carried
