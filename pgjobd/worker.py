@@ -202,7 +202,9 @@ class Worker:
         # claimed it again.
         self._cancelled: dict[tuple[int, int], Cancellation] = {}
         self._deadlines: dict[tuple[int, int], float] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        # Each held job's task, until its outcome is sent (removed by the task itself: no
+        # done callback, and its loop turn, per job).
+        self._tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self._stopping = False
         self._parent = os.getppid()
         self._broken_logged = False
@@ -242,9 +244,7 @@ class Worker:
                 if isinstance(message, Run):
                     key = (message.job.id, message.job.fence)
                     self._cancelled[key] = Cancellation()
-                    task = asyncio.create_task(self._run(channel, message))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                    self._tasks[key] = asyncio.create_task(self._run(channel, message))
                 elif isinstance(message, Cancel):
                     cancelled = self._cancelled.get((message.job_id, message.fence))
                     if cancelled is not None:
@@ -293,11 +293,11 @@ class Worker:
         if not self._tasks:
             return EXIT_OK
         if not orphaned:
-            await asyncio.wait(set(self._tasks))
+            await asyncio.wait(set(self._tasks.values()))
             return EXIT_OK
         latest = max(self._deadlines.values(), default=time.monotonic())
         limit = max(0.0, latest - time.monotonic()) + ORPHAN_GRACE_S
-        _, pending = await asyncio.wait(set(self._tasks), timeout=limit)
+        _, pending = await asyncio.wait(set(self._tasks.values()), timeout=limit)
         if pending:
             log.error("abandoning %d jobs still running %.0fs past their timeouts",
                       len(pending), ORPHAN_GRACE_S)  # fmt: skip
@@ -309,19 +309,22 @@ class Worker:
         key = (job.id, job.fence)
         self._deadlines[key] = time.monotonic() + run.timeout_s
         try:
-            done = await self.execute(run)
-        except Exception as e:  # a bug here must not leave the job held forever
-            log.exception("job %d: internal error", job.id)
-            done = Done(job.id, job.fence, "failed", 0.0, error_class="pgjobd.WorkerError",
-                        error_message=f"internal worker error: {e!r}")  # fmt: skip
+            try:
+                done = await self.execute(run)
+            except Exception as e:  # a bug here must not leave the job held forever
+                log.exception("job %d: internal error", job.id)
+                done = Done(job.id, job.fence, "failed", 0.0, error_class="pgjobd.WorkerError",
+                            error_message=f"internal worker error: {e!r}")  # fmt: skip
+            finally:
+                self._cancelled.pop(key, None)
+                self._deadlines.pop(key, None)
+            try:
+                await channel.send(storable(done))
+            except (OSError, RuntimeError) as e:
+                log.error("job %d: cannot report its outcome (%s): %s", job.id, done.verdict, e)
+                self._channel_broken()
         finally:
-            self._cancelled.pop(key, None)
-            self._deadlines.pop(key, None)
-        try:
-            await channel.send(storable(done))
-        except (OSError, RuntimeError) as e:
-            log.error("job %d: cannot report its outcome (%s): %s", job.id, done.verdict, e)
-            self._channel_broken()
+            self._tasks.pop(key, None)  # (its outcome is sent: _finish need not wait for it)
 
     async def execute(self, run: Run) -> Done:
         """Run one job to its Done (pgjobd.execution)."""
