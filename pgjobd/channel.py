@@ -31,7 +31,7 @@ class Channel(Generic[M]):
         self._in = receive
         self._frames = FrameBuffer()
         self._decoder: Decoder[M] = Decoder(incoming)
-        self._lock = anyio.Lock()
+        self._lock = anyio.Lock(fast_acquire=True)  # (free, it takes no event-loop turn)
 
     async def send(self, message: Message) -> None:
         """Send one message; anyio.BrokenResourceError if the other end is gone."""

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import anyio
 import asyncpg
@@ -229,8 +228,7 @@ async def connect_session(config: Config, application_name: str) -> asyncpg.Conn
     return await connect(config, application_name, session=True)
 
 
-@asynccontextmanager
-async def acquire(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+def acquire(pool: asyncpg.Pool) -> Acquired:
     """A connection from `pool`, as ``pool.acquire()`` gives, except that a connection
     whose use ended in anything but an error PostgreSQL reported (a cancelled task, a
     timeout, a lost or confused connection) is closed instead of going back to the pool.
@@ -242,11 +240,29 @@ async def acquire(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
     operation is in progress". After a PostgresError the connection is in a known state
     and is reused.
     """
-    conn: asyncpg.Connection = await pool.acquire()
-    try:
-        yield conn
-    except BaseException as e:
-        if isinstance(e, asyncpg.PostgresError):
+    return Acquired(pool)
+
+
+class Acquired:
+    """`async with acquire(pool) as conn` (a class rather than a generator: every
+    statement of the job path goes through one)."""
+
+    __slots__ = ("_conn", "_pool")
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+        self._conn: asyncpg.Connection | None = None
+
+    async def __aenter__(self) -> asyncpg.Connection:
+        self._conn = await self._pool.acquire()
+        return self._conn
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, e: BaseException | None, tb: object
+    ) -> None:
+        pool, conn = self._pool, cast(asyncpg.Connection, self._conn)
+        self._conn = None
+        if e is None or isinstance(e, asyncpg.PostgresError):
             await pool.release(conn)
         elif isinstance(e, TimeoutError):
             # A statement over command_timeout (the statement_timeout of a transaction
@@ -260,5 +276,3 @@ async def acquire(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
             # connection already closed went back to the pool: its proxy refuses.)
             with contextlib.suppress(asyncpg.InterfaceError):
                 conn.terminate()
-        raise
-    await pool.release(conn)
