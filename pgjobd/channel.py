@@ -46,6 +46,12 @@ class Channel(Generic[M]):
             except (OSError, RuntimeError) as e:  # a pipe closed under a write
                 raise anyio.BrokenResourceError(str(e)) from e
 
+    def receive_buffered(self) -> M | None:
+        """The next message if its whole frame has been read already, else None (without
+        waiting); ProtocolError at a bad frame."""
+        body = self._frames.next_body()
+        return None if body is None else self._decoder.decode(body)
+
     async def receive(self) -> M:
         while (body := self._frames.next_body()) is None:
             try:

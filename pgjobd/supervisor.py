@@ -607,18 +607,23 @@ class QueueWorkers:
     async def _read_frames(self, child: _Child) -> None:
         try:
             while True:
-                message = await child.channel.receive()
-                if isinstance(message, Done):
-                    child.handing_over = True
-                    try:
-                        await self._finish(child, message)
-                    finally:
-                        child.handing_over = False
-                elif isinstance(message, ResultsWanted) and self._tg is not None:
-                    self._tg.start_soon(self._give_results, child, message)
-                else:
-                    log.warning("worker %d sent an unexpected %s", child.pid,
-                                type(message).__name__)  # fmt: skip
+                message: ToParent | None = await child.channel.receive()
+                # What a worker wrote in one turn of its loop arrives in one read: the
+                # rest of its frames are taken here without a coroutine per message.
+                while message is not None:
+                    if isinstance(message, Done):
+                        if not self._finish_now(child, message):
+                            child.handing_over = True
+                            try:
+                                await self._finish(child, message)
+                            finally:
+                                child.handing_over = False
+                    elif isinstance(message, ResultsWanted) and self._tg is not None:
+                        self._tg.start_soon(self._give_results, child, message)
+                    else:
+                        log.warning("worker %d sent an unexpected %s", child.pid,
+                                    type(message).__name__)  # fmt: skip
+                    message = child.channel.receive_buffered()
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
         except ProtocolError as e:
@@ -626,23 +631,38 @@ class QueueWorkers:
                       extra={"event": "worker.protocol_error", "queue": self.queue})  # fmt: skip
             self._kill(child, f"killed after a protocol error: {e}")
 
-    async def _finish(self, child: _Child, done: Done) -> None:
+    def _finish_now(self, child: _Child, done: Done) -> bool:
+        """Hand the outcome `done` reports over to the completer and free its slot, without
+        waiting; False, with nothing done but the note of its end, when the completer's
+        stream is full (then _finish, which waits for room)."""
         key = (done.job_id, done.fence)
         held = child.held.get(key)
         if held is None:
             log.warning("worker %d reported job %d, which it does not hold", child.pid,
                         done.job_id)  # fmt: skip
-            return
-        outcome = done.outcome(held.job)
-        own_ends = self.own_ends
-        if own_ends is not None:
-            own_ends.fences.add(done.fence)  # before the completer can have recorded it
+            return True
+        if self.own_ends is not None:
+            self.own_ends.fences.add(done.fence)  # before the completer can have recorded it
         try:
             # Without the two event-loop turns send() takes even when there is room.
-            self.outcomes.send_nowait(outcome)
+            self.outcomes.send_nowait(done.outcome(held.job))
         except anyio.WouldBlock:
-            await self.outcomes.send(outcome)  # bounded: a slow completer slows us here
-        # Only now is the slot free: until the outcome is handed over the job is held.
+            return False
+        self._free_slot(child, key)
+        return True
+
+    async def _finish(self, child: _Child, done: Done) -> None:
+        """_finish_now's hand-over once the completer's stream has room."""
+        key = (done.job_id, done.fence)
+        held = child.held.get(key)
+        if held is None:
+            return
+        await self.outcomes.send(done.outcome(held.job))  # bounded: a slow completer slows us
+        self._free_slot(child, key)
+
+    def _free_slot(self, child: _Child, key: JobKey) -> None:
+        """The outcome of the job `key` is handed over: only now is its slot free (until
+        then the job is held)."""
         if child.held.pop(key, None) is None:
             return  # given back meanwhile (at a drain deadline)
         if child.suspect == key:
@@ -652,8 +672,8 @@ class QueueWorkers:
         if limit and child.jobs_done >= limit:
             self._recycle(child, f"ran {child.jobs_done} jobs (max_jobs_per_process)")
         self._notify_changed()
-        if own_ends is not None:
-            own_ends.wakeup.set()  # its place is free, even under a fleet-wide limit
+        if self.own_ends is not None:
+            self.own_ends.wakeup.set()  # its place is free, even under a fleet-wide limit
 
     def _recycle(self, child: _Child, why: str) -> None:
         """Take no more work to the child; it finishes what it holds, exits, and is

@@ -81,9 +81,14 @@ def handler_dir(tmp_path: Path, files: dict[str, str] | None = None) -> Path:
 
 @asynccontextmanager
 async def running_workers(
-    tmp_path: Path, *, concurrency: int = 2, processes: int = 1, grace_s: float = 0.5
+    tmp_path: Path,
+    *,
+    concurrency: int = 2,
+    processes: int = 1,
+    grace_s: float = 0.5,
+    outcomes_buffer: int = 100,
 ) -> AsyncIterator[Harness]:
-    send, receive = anyio.create_memory_object_stream[Outcome](100)
+    send, receive = anyio.create_memory_object_stream[Outcome](outcomes_buffer)
     config = QueueConfig(concurrency=concurrency, processes=processes, timeout=Duration(seconds=30))
     workers = QueueWorkers("default", config, [handler_dir(tmp_path)], send, grace_s=grace_s)
     async with anyio.create_task_group() as tg:
@@ -295,6 +300,26 @@ async def test_one_claim_is_spread_over_the_processes_most_free_slots_first(
         first, second = pid_of[jobs[0].id], pid_of[jobs[1].id]
         assert first != second
         assert [pid_of[job.id] for job in jobs] == [first, second, first, second, first]
+
+
+async def test_a_full_outcome_stream_holds_the_slots_until_the_completer_takes_each_outcome(
+    tmp_path: Path,
+) -> None:
+    """A worker's report of six ends, read at once: the first outcome fits the stream (a
+    slot frees), the next waits for room, and so do the rest behind it, their jobs held
+    (their slots not free) until the completer has taken each."""
+    async with running_workers(tmp_path, concurrency=6, outcomes_buffer=1) as h:
+        jobs = [make_job("add", {"a": i, "b": 1}) for i in range(6)]
+        await h.workers.submit_many(jobs)
+        await h.until(lambda: h.workers.free_slots() == 1)
+        await anyio.sleep(0.3)  # nothing more is freed while the stream stays full
+        assert h.workers.free_slots() == 1
+        assert len(h.workers.held()) == 5
+        outcomes = [await h.outcome() for _ in jobs]
+        assert sorted(o.job.id for o in outcomes) == sorted(job.id for job in jobs)
+        assert {o.verdict for o in outcomes} == {"completed"}
+        await h.until(lambda: h.workers.free_slots() == 6)
+        assert not h.workers.held()
 
 
 async def test_cancel_sets_ctx_cancelled(tmp_path: Path) -> None:
