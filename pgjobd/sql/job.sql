@@ -327,7 +327,8 @@ SELECT (SELECT count(*) FROM promoted) AS promoted,
 -- (job_move) only where this member's fence still holds (a fence is set only while a
 -- job runs). Returns the (id, fence) pairs finished; one missing from the result lost
 -- its lease meanwhile.
--- $1 ids, $2 fences, $3 results (JSON text or NULL), $4 keep a history record
+-- $1 ids, $2 fences, $3 results (JSON text or NULL; a NULL array: none), $4 keep a
+-- history record (a NULL array: keep each; job_move reads missing elements as NULL)
 SELECT m.id, m.fence
 FROM {{schema}}.job_move($1::bigint[], $2::bigint[], NULL, NULL, $3::text[]::jsonb[],
                          $4::boolean[]) AS m;

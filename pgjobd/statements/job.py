@@ -431,9 +431,14 @@ class JobStatements(Rendered):
 
     @statement("job_complete_many")
     async def job_complete_many(self, conn: Conn, rows: Sequence[CompleteRow]) -> list[AttemptKey]:
+        ids, fences, results, keep = columns(rows, len(CompleteRow._fields))
+        # The common batch, no results and every record kept, as NULL arrays: fewer
+        # elements for asyncpg to look at (it asks each whether it is a sub-array).
         records = await conn.fetch(
-            self.sql("job_complete_many"), *columns(rows, len(CompleteRow._fields))
-        )
+            self.sql("job_complete_many"), ids, fences,
+            None if results.count(None) == len(results) else results,
+            None if keep.count(True) == len(keep) else keep,
+        )  # fmt: skip
         return rows_of(AttemptKey, records)
 
     @statement("job_fail_many")

@@ -5,6 +5,7 @@ on the row version they move, whatever changes the row while they wait for it.""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 from pgjobd.lock_keys import LEADER, lock_key
 from pgjobd.queries import Queries, for_schema
-from pgjobd.statements.job import FailRow
+from pgjobd.statements.job import CompleteRow, FailRow
 from tests.e2e.conftest import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -264,6 +265,50 @@ async def test_job_move_moves_exactly_the_jobs_whose_fence_holds_or_was_not_give
     assert sorted(kept) == sorted(job_id for job_id, _, k in matched if k is not False)
     announced = [int(x) for payload in heard for x in payload.split(",")]
     assert sorted(announced) == sorted(job_id for job_id, _ in expected)
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.none() | st.sampled_from(["1", '{"a": [1, "x"]}', "null", '"\\u00e9"']),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+async def test_job_complete_many_keeps_the_records_and_results_asked_for_whatever_the_mix(
+    conn: asyncpg.Connection, schema: str, rows: list[tuple[str | None, bool]]
+) -> None:
+    """job_complete_many passes no results, or every record kept, as NULL arrays (the
+    common batch); any other mix as it is. Either way each job ends completed, with a
+    final record exactly where asked and the result it was given."""
+    q = for_schema(schema)
+    await conn.execute(f"TRUNCATE {schema}.job, {schema}.job_history")
+    await _enqueue(conn, schema, len(rows))
+    claimed = await _claim(conn, q, len(rows))
+    batch = [CompleteRow(job_id, fence, result, keep)
+             for (job_id, fence), (result, keep) in zip(claimed, rows, strict=True)]  # fmt: skip
+    finished = await q.job_complete_many(conn, batch)
+    assert sorted(finished) == sorted(claimed)
+    assert not await conn.fetchval(f"SELECT count(*) FROM {schema}.job")
+    kept = {
+        r["id"]: (r["state"], r["result"])
+        for r in await conn.fetch(f"SELECT id, state::text, result::text FROM {schema}.job_history")
+    }
+    expected = {
+        row.id: ("completed", None if row.result is None else json_text(row.result))
+        for row in batch if row.keep_history
+    }  # fmt: skip
+    assert kept == expected
+
+
+def json_text(text: str) -> str:
+    """JSON text as PostgreSQL's jsonb gives it back."""
+    return json.dumps(json.loads(text), separators=(", ", ": "), ensure_ascii=False)
 
 
 @asynccontextmanager
