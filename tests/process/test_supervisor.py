@@ -311,8 +311,9 @@ async def test_a_full_outcome_stream_holds_the_slots_until_the_completer_takes_e
     async with running_workers(tmp_path, concurrency=6, outcomes_buffer=1) as h:
         jobs = [make_job("add", {"a": i, "b": 1}) for i in range(6)]
         await h.workers.submit_many(jobs)
-        await h.until(lambda: h.workers.free_slots() == 1)
-        await anyio.sleep(0.3)  # nothing more is freed while the stream stays full
+        # The reader waits for room with the second end (and the rest unread behind it):
+        # from then on nothing more is freed while the stream stays full.
+        await h.until(lambda: any(c.handing_over for c in h.workers._children.values()))
         assert h.workers.free_slots() == 1
         assert len(h.workers.held()) == 5
         outcomes = [await h.outcome() for _ in jobs]
