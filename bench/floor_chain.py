@@ -125,7 +125,9 @@ class Floor:
         self.ended: list[tuple[int, int]] = []
         self.ended_event = asyncio.Event()
         self.after: tuple[int, object, int] | None = None  # the claim cursor
-        self.claimers, self.share, self.window_s = CLAIMERS, BATCH_SHARE, BATCH_WINDOW_S
+        self.claimers = args.claimers or CLAIMERS
+        self.share = args.share or BATCH_SHARE
+        self.window_s = BATCH_WINDOW_S if args.window_ms is None else args.window_ms / 1000
         self.max_batch, self.flush_after_s = MAX_BATCH, FLUSH_AFTER_S
 
     def unreserved(self) -> int:
@@ -257,6 +259,14 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=20)
     parser.add_argument("--history", default="all", choices=("all", "none"))
+    # Other claim strategies than the member's (its constants are the defaults), to see
+    # whether any does better in this layout:
+    parser.add_argument("--claimers", type=int, help="claim loops (default: CLAIMERS)")
+    parser.add_argument("--share", type=int,
+                        help="a saturated loop gathers concurrency // share free slots "
+                        "(default: BATCH_SHARE)")  # fmt: skip
+    parser.add_argument("--window-ms", type=float,
+                        help="...or waits this long (default: BATCH_WINDOW_S)")  # fmt: skip
     args = parser.parse_args()
     if args.child:
         uvloop.run(child_main())

@@ -186,9 +186,10 @@ class Member:
 
     def __init__(self, dsn: str, rundir: Path, rnd: Round, *, schema: str = SCHEMA,
                  metrics_listen: str = "", extra: str = "",
-                 floor: bool = False) -> None:  # fmt: skip
+                 floor: bool = False, floor_args: tuple[str, ...] = ()) -> None:  # fmt: skip
         """extra: TOML appended to the config (more [queues.x] tables, [retention]...).
-        floor: bench/floor_chain.py in the member's place (the same queue settings)."""
+        floor: bench/floor_chain.py in the member's place (the same queue settings), with
+        floor_args (another claim strategy) if given."""
         self.rundir = rundir
         self.floor = floor
         config = rundir / "pgjobd.toml"
@@ -205,7 +206,8 @@ class Member:
         if floor:
             command = [sys.executable, str(HERE / "floor_chain.py"), "--dsn", dsn,
                        "--schema", schema, "--processes", str(rnd.processes),
-                       "--concurrency", str(rnd.concurrency), "--history", rnd.history]  # fmt: skip
+                       "--concurrency", str(rnd.concurrency), "--history", rnd.history,
+                       *floor_args]  # fmt: skip
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.spawned_at = time.time()
 
@@ -723,7 +725,7 @@ def report(r: Results) -> None:
         )
     for key, floors in r.floors.items():
         rates = [r.n / d.seconds for d in floors]
-        mine = [r.n / d.seconds for d in r.drains[key]]
+        mine = [r.n / d.seconds for d in r.drains[key.split(" [")[0]]]
         print(f"{'floor ' + key:<34} {spread(rates):>25}  "
               f"{spread(paired(rates, peer_rates), '.2f')} of {peer_name}; "
               f"pgjobd {spread(paired(mine, rates), '.2f')} of it")  # fmt: skip
@@ -868,10 +870,13 @@ async def main(args: argparse.Namespace) -> Results:
                         results.drains[rnd.key].append(d)
                         print(f"rep {rep} drain {rnd.key}: {args.n / d.seconds:,.0f} jobs/s",
                               flush=True)  # fmt: skip
-                        if args.floor:
-                            d = await drain(h, client, rnd, args.n, prefix="floor", floor=True)
-                            results.floors.setdefault(rnd.key, []).append(d)
-                            print(f"rep {rep} floor {rnd.key}: {args.n / d.seconds:,.0f} jobs/s",
+                        floors = [("", "")] if args.floor else []
+                        for label, floor_args in floors + args.floor_variant:
+                            key = f"{rnd.key} [{label}]" if label else rnd.key
+                            d = await drain(h, client, rnd, args.n, prefix="floor", floor=True,
+                                            floor_args=tuple(floor_args.split()))  # fmt: skip
+                            results.floors.setdefault(key, []).append(d)
+                            print(f"rep {rep} floor {key}: {args.n / d.seconds:,.0f} jobs/s",
                                   flush=True)  # fmt: skip
                     logged = await logged_drain(
                         h, client, rounds[0], args.n, server_log=server_log, q=q
@@ -945,6 +950,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--floor", action="store_true",
                         help="after each round's drain, one by bench/floor_chain.py: the "
                         "least the architecture's process layout spends")  # fmt: skip
+    parser.add_argument("--floor-variant", action="append", default=[],
+                        type=lambda text: tuple(text.split("=", 1)), metavar="LABEL=ARGS",
+                        help="also a floor drain with these floor_chain.py arguments "
+                        "(another claim strategy: --claimers, --share, --window-ms); "
+                        "repeatable")  # fmt: skip
     parser.add_argument("--json", help="write the raw figures to this file")
     return parser.parse_args()
 

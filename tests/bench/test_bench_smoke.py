@@ -126,10 +126,12 @@ BENCHES = [
     # their own (../shared/bench/peers), which CI does not have.
     Bench("throughput.py", ("--reps", "1", "--n", "200", "--rounds", "1:20:all,1:20:all:other",
                             "--trickle", "10", "--peers", "", "--floor",
+                            "--floor-variant", "eager=--claimers 3 --share 20 --window-ms 0",
                             "--trickle-round", "1:50:all:other"),
           (rf"^drain p1 c20 all +{NUMBER} ",
            rf"^drain p1 c20 all other +{NUMBER} ",
            rf"^floor p1 c20 all +{NUMBER} .* pgjobd {NUMBER} of it$",
+           rf"^floor p1 c20 all \[eager\] +{NUMBER} .* pgjobd {NUMBER} of it$",
            rf"^  server time, ms per 1,000 jobs \(first run; [^)]*\): .* {NUMBER}",
            rf"^raw lifecycle, 2 loops × 50, all +{NUMBER}$",
            rf"^trickle p50 / p99 / max ms +{NUMBER} / {NUMBER} / {NUMBER} ",
