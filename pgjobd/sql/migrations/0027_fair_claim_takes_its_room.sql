@@ -13,7 +13,9 @@
 -- it, and a fourth round, the last, gives what 3 rounds left to the tenants still
 -- waiting in order of pass, each up to its room, until the claim's room is full. A
 -- claim is still at most 4 rounds, and comes back short only when the jobs are locked
--- by other claims or held by a limit.
+-- by other claims or held by a limit. Every round now fetches its tenants' jobs in order
+-- of pass (0023: by name), so under a kind's limit the lowest pass takes the kind's room
+-- first.
 -- job_claim_limited (0023's job_claim_flow, renamed by 0024) is restated from 0023 with
 -- only the rounds changed; any restatement of it starts from here. "{{schema}}" is
 -- replaced by the configured schema name.
