@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import struct
@@ -125,8 +126,8 @@ class Floor:
         self.ended: list[tuple[int, int]] = []
         self.ended_event = asyncio.Event()
         self.after: tuple[int, object, int] | None = None  # the claim cursor
-        self.claimers = args.claimers or CLAIMERS
-        self.share = args.share or BATCH_SHARE
+        self.claimers = CLAIMERS if args.claimers is None else args.claimers
+        self.share = BATCH_SHARE if args.share is None else args.share
         self.window_s = BATCH_WINDOW_S if args.window_ms is None else args.window_ms / 1000
         self.max_batch, self.flush_after_s = MAX_BATCH, FLUSH_AFTER_S
 
@@ -251,6 +252,22 @@ async def supervisor_main(args: argparse.Namespace) -> None:
                 await child.process.wait()
 
 
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of at least 1")
+    return int(text)
+
+
+def not_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number of at least 0")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -261,11 +278,11 @@ def main() -> None:
     parser.add_argument("--history", default="all", choices=("all", "none"))
     # Other claim strategies than the member's (its constants are the defaults), to see
     # whether any does better in this layout:
-    parser.add_argument("--claimers", type=int, help="claim loops (default: CLAIMERS)")
-    parser.add_argument("--share", type=int,
+    parser.add_argument("--claimers", type=positive, help="claim loops (default: CLAIMERS)")
+    parser.add_argument("--share", type=positive,
                         help="a saturated loop gathers concurrency // share free slots "
                         "(default: BATCH_SHARE)")  # fmt: skip
-    parser.add_argument("--window-ms", type=float,
+    parser.add_argument("--window-ms", type=not_negative,
                         help="...or waits this long (default: BATCH_WINDOW_S)")  # fmt: skip
     args = parser.parse_args()
     if args.child:

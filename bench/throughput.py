@@ -926,6 +926,17 @@ def code_state() -> str:
     return f"head {git('rev-parse', '--short', 'HEAD')}, dirty files under pgjobd/: {len(dirty)}"
 
 
+def floor_variant(text: str) -> tuple[str, str]:
+    """--floor-variant's LABEL=ARGS: a label of its own and floor_chain.py arguments."""
+    label, sep, floor_args = text.partition("=")
+    if not sep or not label.strip() or "[" in label:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected LABEL=ARGS, a label (without '[') and floor_chain.py "
+            "arguments, e.g. 'loops3=--claimers 3'"
+        )
+    return label.strip(), floor_args
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dsn", default=os.environ.get("PGJOBD_DSN", DEFAULT_DSN))
@@ -951,7 +962,7 @@ def parse_args() -> argparse.Namespace:
                         help="after each round's drain, one by bench/floor_chain.py: the "
                         "least the architecture's process layout spends")  # fmt: skip
     parser.add_argument("--floor-variant", action="append", default=[],
-                        type=lambda text: tuple(text.split("=", 1)), metavar="LABEL=ARGS",
+                        type=floor_variant, metavar="LABEL=ARGS",
                         help="also a floor drain with these floor_chain.py arguments "
                         "(another claim strategy: --claimers, --share, --window-ms); "
                         "repeatable")  # fmt: skip
