@@ -154,3 +154,38 @@ async def test_the_python_client_works_as_a_producer(
 
     assert len({single, *bulk, *keyed}) == 4
     assert await conn.fetchval(f"SELECT count(*) FROM {schema}.job") == 4
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "enqueue('k', '{}')",
+        "enqueue('k', '{}', delay => interval '1 minute', ttl => interval '1 hour')",
+        "enqueue('k', '{}', unique_key => 'u', unique_for => interval '1 minute', "
+        "on_conflict => 'raise')",
+        "enqueue('k', '{}', group_key => 'g')",
+        "enqueue_many(ARRAY['k', 'k'], ARRAY['{}', '{\"a\": 1}']::jsonb[], "
+        "ttls => ARRAY[interval '1 hour', NULL])",
+    ],
+)
+async def test_an_enqueue_calls_no_sql_function_that_is_planned_again_in_each_transaction(
+    conn: asyncpg.Connection, schema: str, call: str
+) -> None:
+    """A SQL-language function its caller does not inline keeps its plan only for the
+    query that calls it: before PostgreSQL 18, one called from plpgsql is planned again
+    in every transaction, and an enqueue is a transaction of its own (migration 0028:
+    two such helpers were a third of an enqueue's server time)."""
+    await conn.execute("SET track_functions = 'all'")
+    async with conn.transaction():
+        await conn.execute(f"SELECT {schema}.{call}")
+        called = await conn.fetch(
+            "SELECT f.funcname, l.lanname FROM pg_stat_xact_user_functions AS f "
+            "JOIN pg_proc AS p ON p.oid = f.funcid "
+            "JOIN pg_language AS l ON l.oid = p.prolang "
+            "WHERE f.schemaname = $1",
+            schema,
+        )
+
+    languages = {row["funcname"]: row["lanname"] for row in called}
+    assert languages.get(call.partition("(")[0]) == "plpgsql"  # (counted: the view works)
+    assert [name for name, language in languages.items() if language == "sql"] == []
