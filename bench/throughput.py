@@ -26,7 +26,9 @@ repetition runs, in this order (interleaved, so noise hits them alike):
 - the raw lifecycle ceiling: two asyncpg connections, each looping pgjobd's own
   ``job_claim`` (LIMIT 50) and ``job_complete_many`` for what it claimed, nothing else.
 - trickle: one member; jobs enqueued one at a time with ``Client.enqueue`` at ~100/s;
-  the handler records its start minus ``time.time()`` taken just before the call.
+  the handler records its start minus ``time.time()`` taken just before the call. Then
+  a bare round trip (``SELECT 1``) as often, back to back and at the trickle's spacing:
+  what one hop to a process idle that long costs on the machine.
 - peers: ``bench_<peer>.py run`` of ../shared/bench/peers (drain 1 and 2 processes,
   trickle), from the venvs that its run_all.sh creates under /tmp/peers.
 
@@ -175,6 +177,9 @@ class Results:
     # The same trickle with every commit not waited for (synchronous_commit = off in the
     # member's and the enqueuer's sessions): what the durable commits cost its latency.
     trickle_unflushed: list[dict[str, float]] = field(default_factory=list)
+    # A bare round trip (SELECT 1), back to back and at the trickle's spacing: what one
+    # hop between processes costs on this machine once they have sat idle.
+    round_trips: list[dict[str, float]] = field(default_factory=list)
     peers: list[dict[str, Any]] = field(default_factory=list)  # the harness' JSONL rows
     statement_log: list[StatementLog] = field(default_factory=list)
     log_drains: list[Drain] = field(default_factory=list)
@@ -519,6 +524,29 @@ async def unflushed_trickle(
     )
 
 
+async def round_trips(h: Harness, count: int, rate: float) -> dict[str, float]:
+    """`SELECT 1` on a session of its own, `count` times back to back and `count` times
+    at the trickle's spacing (1 / `rate`): the trickle's every hop (the enqueue, the
+    wake-up, the claim, the hand-over) is a process woken after that long idle."""
+    conn = await asyncpg.connect(h.dsn)
+    try:
+        await conn.fetchval("SELECT 1")
+        figures: dict[str, float] = {}
+        for label, gap_s in (("back_to_back", 0.0), ("spaced", 1 / rate)):
+            ms = []
+            for _ in range(count):
+                sent = time.perf_counter()
+                await conn.fetchval("SELECT 1")
+                ms.append((time.perf_counter() - sent) * 1000)
+                if gap_s:
+                    await asyncio.sleep(gap_s)
+            figures[f"{label}_p50_ms"] = percentile(ms, 50)
+            figures[f"{label}_p99_ms"] = percentile(ms, 99)
+        return figures
+    finally:
+        await conn.close()
+
+
 _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\S* \S+ \[(\d+)\]")
 _DURATION = re.compile(r"LOG:\s+duration: ([0-9.]+) ms\s+(parse|bind|execute|statement)[^:]*: ?")
 
@@ -757,6 +785,14 @@ def report(r: Results) -> None:
                 f"{spread([t[key + 'p50_ms'] for t in r.trickle_unflushed], '.2f'):>25} / "
                 f"{spread([t[key + 'p99_ms'] for t in r.trickle_unflushed], '.2f')}"
             )
+    for key, label in (("back_to_back_", "back to back"), ("spaced_", "at the trickle's spacing")):
+        if not r.round_trips:
+            break
+        print(
+            f"{'a bare round trip p50 / p99':<34} "
+            f"{spread([t[key + 'p50_ms'] for t in r.round_trips], '.2f'):>25} / "
+            f"{spread([t[key + 'p99_ms'] for t in r.round_trips], '.2f')}  (SELECT 1, {label})"
+        )
     peers: dict[str, list[float]] = {}
     for row in r.peers:
         if row["kind"].startswith("drain"):
@@ -903,6 +939,9 @@ async def main(args: argparse.Namespace) -> Results:
                         print(f"rep {rep} trickle, commits not waited for: "
                               f"p50 {t['p50_ms']:.2f} p99 {t['p99_ms']:.2f} ms",
                               flush=True)  # fmt: skip
+                        results.round_trips.append(
+                            await round_trips(h, args.trickle, args.trickle_rate)
+                        )
                     for peer in args.peers.split():
                         run_peer(peer, rep, args.n, peers_out, args.dsn)
                 results.peers = [json.loads(line) for line in read_from(peers_out, 0).splitlines()]
