@@ -785,9 +785,8 @@ def report(r: Results) -> None:
                 f"{spread([t[key + 'p50_ms'] for t in r.trickle_unflushed], '.2f'):>25} / "
                 f"{spread([t[key + 'p99_ms'] for t in r.trickle_unflushed], '.2f')}"
             )
-    for key, label in (("back_to_back_", "back to back"), ("spaced_", "at the trickle's spacing")):
-        if not r.round_trips:
-            break
+    spacings = (("back_to_back_", "back to back"), ("spaced_", "at the trickle's spacing"))
+    for key, label in spacings if r.round_trips else ():
         print(
             f"{'a bare round trip p50 / p99':<34} "
             f"{spread([t[key + 'p50_ms'] for t in r.round_trips], '.2f'):>25} / "
