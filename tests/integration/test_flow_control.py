@@ -304,6 +304,61 @@ async def test_global_concurrency_is_never_exceeded_by_racing_claimers(
     assert fleet.throttled > 0
 
 
+async def test_an_allocated_claim_that_waited_for_its_allocation_starts_its_jobs_after_the_wait(
+    conn: asyncpg.Connection, schema: str, fleet: Fleet
+) -> None:
+    """A claim within an allocation first takes the lock of the member's allocation row,
+    which the member's other loop or its renewal may hold; it decides after that wait,
+    so its jobs start then. Their attempted_at was the claim transaction's start, before
+    the wait (migration 0029): a place another member's job left during the wait was
+    told as taken before that job ended (CI's race test once saw the width passed)."""
+    await _set_limits(conn, schema, limited=QueueConfig(global_concurrency=3))
+    for _ in range(2):
+        await _enqueue(conn, fleet.q, "work", "limited")
+    allocation = await conn.fetchrow(fleet.q.sql("flow_allocate"), "limited", "m", [], 2)
+    assert allocation["ceiling"] == 2
+    holder = await asyncpg.connect(fleet.dsn)
+    claimer = await asyncpg.connect(fleet.dsn)
+    try:
+        held = holder.transaction()
+        await held.start()
+        await holder.execute(
+            f"SELECT FROM {schema}.flow_reservation "
+            "WHERE queue = 'limited' AND claimer = 'm' AND loop = -1 FOR NO KEY UPDATE"
+        )
+        claimed: list[asyncpg.Record] = []
+
+        async def claim() -> None:
+            claimed.extend(await claimer.fetch(
+                fleet.q.sql("job_claim_allocated"), "limited", 2, "m", LEASE, [],
+                None, None, None,
+            ))  # fmt: skip
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(claim)
+            with anyio.fail_after(10):
+                while not await conn.fetchval(  # noqa: ASYNC110 (polling the database)
+                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
+                    claimer.get_server_pid(),
+                ):
+                    await anyio.sleep(0.01)
+            released_at = await holder.fetchval("SELECT clock_timestamp()")
+            await held.commit()
+    finally:
+        await holder.close()
+        await claimer.close()
+
+    ids = [row["id"] for row in claimed if row["id"] is not None]
+    assert len(ids) == 2
+    started = await conn.fetch(
+        f"SELECT attempted_at, lease_expires_at - attempted_at AS lease FROM {schema}.job "
+        "WHERE id = ANY($1)",
+        ids,
+    )
+    assert all(row["attempted_at"] > released_at for row in started)
+    assert all(row["lease"] == LEASE for row in started)
+
+
 async def test_a_reservation_never_claimed_holds_its_places_until_it_expires(
     conn: asyncpg.Connection, schema: str, fleet: Fleet
 ) -> None:
