@@ -705,6 +705,12 @@ def spread(values: list[float], fmt: str = ",.0f") -> str:
     return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}–{max(values):{fmt}})"
 
 
+def p50_p99(rows: list[dict[str, float]], key: str) -> str:
+    """The median (spread) of the rows' `key`p50_ms, then of their `key`p99_ms."""
+    return (f"{spread([t[key + 'p50_ms'] for t in rows], '.2f'):>25} / "
+            f"{spread([t[key + 'p99_ms'] for t in rows], '.2f')}")  # fmt: skip
+
+
 def fmt_cpu(cpu: dict[str, float]) -> str:
     return " ".join(f"{role} {cores:.2f}" for role, cores in cpu.items())
 
@@ -768,30 +774,19 @@ def report(r: Results) -> None:
               f"{spread([t['p99_ms'] for t in r.trickle], '.2f')} / "
               f"{spread([t['max_ms'] for t in r.trickle], '.1f')}  (at "
               f"{statistics.median(t['rate'] for t in r.trickle):.0f}/s)")  # fmt: skip
-        print(f"{'  of which the enqueue p50 / p99':<34} "
-              f"{spread([t['enqueue_p50_ms'] for t in r.trickle], '.2f'):>25} / "
-              f"{spread([t['enqueue_p99_ms'] for t in r.trickle], '.2f')}  (its own round "
-              f"trip and commit)")  # fmt: skip
-        print(f"{'  after the enqueue p50 / p99':<34} "
-              f"{spread([t['after_p50_ms'] for t in r.trickle], '.2f'):>25} / "
-              f"{spread([t['after_p99_ms'] for t in r.trickle], '.2f')}  (wake-up, claim, "
-              f"hand-over)")  # fmt: skip
+        print(f"{'  of which the enqueue p50 / p99':<34} {p50_p99(r.trickle, 'enqueue_')}  "
+              "(its own round trip and commit)")  # fmt: skip
+        print(f"{'  after the enqueue p50 / p99':<34} {p50_p99(r.trickle, 'after_')}  "
+              "(wake-up, claim, hand-over)")  # fmt: skip
     if r.trickle_unflushed:
         print("the same, no commit waiting for its flush (synchronous_commit = off):")
         for key, label in (("", "trickle"), ("enqueue_", "  the enqueue"),
                            ("after_", "  after the enqueue")):  # fmt: skip
-            print(
-                f"{'  ' + label + ' p50 / p99':<34} "
-                f"{spread([t[key + 'p50_ms'] for t in r.trickle_unflushed], '.2f'):>25} / "
-                f"{spread([t[key + 'p99_ms'] for t in r.trickle_unflushed], '.2f')}"
-            )
+            print(f"{'  ' + label + ' p50 / p99':<34} {p50_p99(r.trickle_unflushed, key)}")
     spacings = (("back_to_back_", "back to back"), ("spaced_", "at the trickle's spacing"))
     for key, label in spacings if r.round_trips else ():
-        print(
-            f"{'a bare round trip p50 / p99':<34} "
-            f"{spread([t[key + 'p50_ms'] for t in r.round_trips], '.2f'):>25} / "
-            f"{spread([t[key + 'p99_ms'] for t in r.round_trips], '.2f')}  (SELECT 1, {label})"
-        )
+        print(f"{'a bare round trip p50 / p99':<34} {p50_p99(r.round_trips, key)}  "
+              f"(SELECT 1, {label})")  # fmt: skip
     peers: dict[str, list[float]] = {}
     for row in r.peers:
         if row["kind"].startswith("drain"):
