@@ -10,9 +10,15 @@ batches (MAX_BATCH, FLUSH_AFTER_S). A child decodes each job's args (the JSON te
 PostgreSQL returned) and runs the no-op handler in a task of its own (handlers of a
 process run at once), and reports what ended in one write per event-loop turn.
 
+A claim loop that comes back empty waits for the enqueue's notification (a LISTEN
+session on `<schema>.job_ready`, as the member's notifier) or 50 ms, so the floor can run
+bench/throughput.py's trickle too: a job whose args carry "t" (the enqueuer's clock, as
+bench/handlers/latency.py reads it) gets its enqueue-to-start latency noted in
+`lat.<pid>`.
+
 Everything else a member does is left out: no leadership, lease keeper, presence,
-metrics, logs, flow control, cursor look-behind, wake-ups, poison-pill bookkeeping,
-timeouts, middleware, retries or failure paths. So its CPU per job and its drain rate are
+metrics, logs, flow control, cursor look-behind, poison-pill bookkeeping, timeouts,
+middleware, retries or failure paths. So its CPU per job and its drain rate are
 what that process layout costs at the least on this machine, with the statements and
 the stack (asyncpg, uvloop, msgspec) pgjobd uses; a member cannot do better than it.
 
@@ -32,6 +38,7 @@ import signal
 import struct
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -61,6 +68,22 @@ async def noop(args: object) -> None:
     return None
 
 
+def latency_notes(run_dir: str | None) -> Callable[[object], None]:
+    """What the child does with a job's args besides the no-op: notes the trickle's
+    latency, as bench/handlers/latency.py does, when the args carry the enqueuer's "t"."""
+    fd = (
+        os.open(Path(run_dir, f"lat.{os.getpid()}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        if run_dir
+        else -1
+    )
+
+    def note_latency(args: object) -> None:
+        if fd >= 0 and isinstance(args, dict) and "t" in args:
+            os.write(fd, f"{args.get('i')} {time.time() - args['t']:.6f}\n".encode())
+
+    return note_latency
+
+
 async def child_main() -> None:
     """Read (id, fence, args) frames on stdin, run each, write [[id, fence], ...] ends."""
     loop = asyncio.get_running_loop()
@@ -72,6 +95,7 @@ async def child_main() -> None:
     encode = msgspec.msgpack.Encoder().encode
     ended: list[tuple[int, int]] = []
     first = os.environ.get("PGJOBD_BENCH_DIR")
+    note_latency = latency_notes(first)
 
     def flush() -> None:
         body = encode(ended)
@@ -80,7 +104,9 @@ async def child_main() -> None:
 
     def run(job_id: int, fence: int, args: bytes) -> None:
         async def attempt() -> None:
-            await noop(decode_args(args))
+            decoded = decode_args(args)
+            note_latency(decoded)
+            await noop(decoded)
             if not ended:
                 loop.call_soon(flush)  # one write for what ends in this turn
             ended.append((job_id, fence))
@@ -123,6 +149,8 @@ class Floor:
         self.children: list[Child] = []
         self.reserved = 0
         self.changed = asyncio.Event()
+        self.heard = asyncio.Event()  # a job_ready notification since the last claim
+        self.channel = f"{args.schema}.job_ready"
         self.ended: list[tuple[int, int]] = []
         self.ended_event = asyncio.Event()
         self.after: tuple[int, object, int] | None = None  # the claim cursor
@@ -153,8 +181,10 @@ class Floor:
         settings = {"application_name": APPLICATION_NAME, **GENERIC_PLANS}
         conns = [
             await asyncpg.connect(self.args.dsn, server_settings=settings)
-            for _ in range(self.claimers + 1)
+            for _ in range(self.claimers + 2)
         ]
+        listener = conns.pop()
+        await listener.add_listener(self.channel, lambda *_: self.heard.set())
         for conn in conns:  # prepare both statements outside the measurement
             await conn.fetch(self.claim_sql, "no_such_queue", 1, MEMBER_ID, LEASE, None, None, None)
             await conn.fetch(self.complete_sql, [], [], [], [])
@@ -181,6 +211,7 @@ class Floor:
                             await self.changed.wait()
             limit = self.unreserved()
             self.reserved += limit
+            self.heard.clear()
             try:
                 rows = await conn.fetch(
                     self.claim_sql, QUEUE, limit, MEMBER_ID, LEASE, *(self.after or (None,) * 3)
@@ -194,7 +225,9 @@ class Floor:
                 self.hand_over(rows)
             saturated = len(rows) == limit
             if not rows:
-                await asyncio.sleep(0.05)  # a drain's end: nothing is enqueued meanwhile
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.05):
+                        await self.heard.wait()
 
     def hand_over(self, rows: list) -> None:  # type: ignore[type-arg]
         batches: dict[int, list[bytes]] = {}

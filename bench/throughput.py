@@ -28,7 +28,8 @@ repetition runs, in this order (interleaved, so noise hits them alike):
 - trickle: one member; jobs enqueued one at a time with ``Client.enqueue`` at ~100/s;
   the handler records its start minus ``time.time()`` taken just before the call. Then
   a bare round trip (``SELECT 1``) as often, back to back and at the trickle's spacing:
-  what one hop to a process idle that long costs on the machine.
+  what one hop to a process idle that long costs on the machine. With ``--floor``, the
+  same trickle with ``bench/floor_chain.py`` in the member's place.
 - peers: ``bench_<peer>.py run`` of ../shared/bench/peers (drain 1 and 2 processes,
   trickle), from the venvs that its run_all.sh creates under /tmp/peers.
 
@@ -177,6 +178,9 @@ class Results:
     # The same trickle with every commit not waited for (synchronous_commit = off in the
     # member's and the enqueuer's sessions): what the durable commits cost its latency.
     trickle_unflushed: list[dict[str, float]] = field(default_factory=list)
+    # The same trickle with bench/floor_chain.py in the member's place (with --floor): the
+    # least this process layout adds to the enqueue on this machine.
+    trickle_floor: list[dict[str, float]] = field(default_factory=list)
     # A bare round trip (SELECT 1), back to back and at the trickle's spacing: what one
     # hop between processes costs on this machine once they have sat idle.
     round_trips: list[dict[str, float]] = field(default_factory=list)
@@ -471,19 +475,26 @@ def with_settings(dsn: str, **settings: str) -> str:
 
 
 async def trickle(
-    h: Harness, count: int, rate: float, *, dsn: str | None = None, rnd: Round = TRICKLE_ROUND
+    h: Harness,
+    count: int,
+    rate: float,
+    *,
+    dsn: str | None = None,
+    rnd: Round = TRICKLE_ROUND,
+    floor: bool = False,
 ) -> dict[str, float]:
-    """Jobs enqueued one at a time at `rate` to a member of round `rnd`'s settings; each
-    one's enqueue-to-start latency. The member and the enqueuer's client both connect
-    with `dsn` (the harness' by default)."""
+    """Jobs enqueued one at a time at `rate` to a member of round `rnd`'s settings (or
+    bench/floor_chain.py in its place, when `floor`); each one's enqueue-to-start
+    latency. The member and the enqueuer's client both connect with `dsn` (the harness'
+    by default)."""
     await h.admin.execute(f"TRUNCATE {SCHEMA}.job, {SCHEMA}.job_history, {SCHEMA}.job_attempt")
     history = f"SELECT count(*) FROM {SCHEMA}.job_history"
     dsn = dsn or h.dsn
     async with (
         await Client.connect(dsn, schema=h.schema, max_size=2) as client,
-        member(dsn, rnd, "trickle") as running,
+        member(dsn, rnd, "trickle", floor=floor) as running,
     ):
-        await h.poll(f"SELECT count(*) FROM {SCHEMA}.member", lambda v: v > 0, running, 0.01)
+        await running.wait_ready(h)
         await client.enqueue("bench_latency", {"i": -1})  # warm-up: no "t", not recorded
         await h.poll(history, lambda v: v >= 1, running)
         await asyncio.sleep(0.5)
@@ -778,11 +789,17 @@ def report(r: Results) -> None:
               "(its own round trip and commit)")  # fmt: skip
         print(f"{'  after the enqueue p50 / p99':<34} {p50_p99(r.trickle, 'after_')}  "
               "(wake-up, claim, hand-over)")  # fmt: skip
-    if r.trickle_unflushed:
-        print("the same, no commit waiting for its flush (synchronous_commit = off):")
+    variants = (
+        ("the same, no commit waiting for its flush (synchronous_commit = off):",
+         r.trickle_unflushed),
+        ("the same with bench/floor_chain.py in the member's place:", r.trickle_floor),
+    )  # fmt: skip
+    for title, rows in variants:
+        if rows:
+            print(title)
         for key, label in (("", "trickle"), ("enqueue_", "  the enqueue"),
-                           ("after_", "  after the enqueue")):  # fmt: skip
-            print(f"{'  ' + label + ' p50 / p99':<34} {p50_p99(r.trickle_unflushed, key)}")
+                           ("after_", "  after the enqueue")) if rows else ():  # fmt: skip
+            print(f"{'  ' + label + ' p50 / p99':<34} {p50_p99(rows, key)}")
     spacings = (("back_to_back_", "back to back"), ("spaced_", "at the trickle's spacing"))
     for key, label in spacings if r.round_trips else ():
         print(f"{'a bare round trip p50 / p99':<34} {p50_p99(r.round_trips, key)}  "
@@ -933,6 +950,12 @@ async def main(args: argparse.Namespace) -> Results:
                         print(f"rep {rep} trickle, commits not waited for: "
                               f"p50 {t['p50_ms']:.2f} p99 {t['p99_ms']:.2f} ms",
                               flush=True)  # fmt: skip
+                        if args.floor:
+                            t = await trickle(h, args.trickle, args.trickle_rate,
+                                              rnd=args.trickle_round, floor=True)  # fmt: skip
+                            results.trickle_floor.append(t)
+                            print(f"rep {rep} floor trickle: p50 {t['p50_ms']:.2f} "
+                                  f"p99 {t['p99_ms']:.2f} ms", flush=True)  # fmt: skip
                         results.round_trips.append(
                             await round_trips(h, args.trickle, args.trickle_rate)
                         )

@@ -136,6 +136,7 @@ BENCHES = [
            rf"^raw lifecycle, 2 loops × 50, all +{NUMBER}$",
            rf"^trickle p50 / p99 / max ms +{NUMBER} / {NUMBER} / {NUMBER} ",
            rf"^    after the enqueue p50 / p99 +{NUMBER}.* / {NUMBER}",
+           r"^the same with bench/floor_chain\.py in the member's place:$",
            rf"^a bare round trip p50 / p99 +{NUMBER}.* / {NUMBER}.*trickle's spacing\)$",
            r"^targets \(issue 17\):$")),
     Bench("web.py", ("--history", "1000", "--live", "100", "--requests", "1",
