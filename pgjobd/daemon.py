@@ -33,6 +33,7 @@ import os
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 import anyio
@@ -104,6 +105,23 @@ def leader_roles() -> list[Role]:
 def new_member_id() -> str:
     """Unique per process: several members may share a host (and a hostname)."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def job_path_warmer(q: Queries) -> db.ResetHook:
+    """What prepares each connection of the member's pool for the job path: the claim
+    path's read, the claim, the look behind the claim cursor and the completion, each run
+    once with arguments that match nothing. So the first claims and completions on a
+    connection are not also their statements' parse, generic plan and asyncpg's look-up
+    of their types, milliseconds each that a starting member's first jobs waited for
+    (docs/decisions.md, issue 17, target 4)."""
+
+    async def warm(conn: asyncpg.Connection) -> None:
+        await q.queue_claim_path_get(conn, "")
+        await q.job_claim(conn, "", 0, "", timedelta(0))
+        await q.job_available_behind(conn, "", 0, datetime.fromtimestamp(0, UTC), 0)
+        await q.job_complete_many(conn, [])
+
+    return warm
 
 
 class Member:
@@ -186,7 +204,10 @@ class Member:
         """The member's pool, its schema checked (see _at_start)."""
 
         async def open_and_check() -> asyncpg.Pool:
-            pool = await db.create_pool(self.config, reset=skip_session_reset, generic_plans=True)
+            pool = await db.create_pool(
+                self.config, reset=skip_session_reset, generic_plans=True,
+                warm=job_path_warmer(self.q),
+            )  # fmt: skip
             try:
                 async with db.acquire(pool) as conn:
                     await migrate.check_schema(conn, self.config.database.schema, deep=True)

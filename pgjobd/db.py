@@ -179,6 +179,7 @@ async def create_pool(
     reset: ResetHook | None = None,
     application_name: str = "pgjobd",
     generic_plans: bool = False,
+    warm: ResetHook | None = None,
 ) -> asyncpg.Pool:
     """`generic_plans`: each prepared statement of the pool's sessions runs with the plan
     made for any parameters, planned once per session (plan_cache_mode). PostgreSQL's
@@ -187,12 +188,20 @@ async def create_pool(
     claim, which took about a third of the claim's server time (decisions.md, issue 17).
     tests/integration/test_plans.py checks each job-path statement's generic plan.
     Through a transaction-mode pooler no setting reaches the server (and asyncpg's
-    statements there are unnamed, so planned at every execution anyway)."""
+    statements there are unnamed, so planned at every execution anyway).
+
+    `warm`: run on each connection the pool opens, before its first use (after the
+    pooler's session setup, if any), to prepare there the statements its users need at
+    once. A statement it runs that PostgreSQL refuses (a schema not migrated yet) is left
+    for its users to meet: the connection is kept, cold. Not through a transaction-mode
+    pooler, where nothing prepared stays with a connection."""
     pool_max = max_size or config.database.pool_max
     options = _route_options(
         config, config.database.pooler, application_name,
         extra_settings=GENERIC_PLANS if generic_plans else None,
     )  # fmt: skip
+    if warm is not None and config.database.pooler != "transaction":
+        options["init"] = _warming(options.get("init"), warm)
     pool: asyncpg.Pool = await asyncpg.create_pool(
         config.require_dsn(),
         min_size=min(config.database.pool_min, pool_max),
@@ -201,6 +210,16 @@ async def create_pool(
         **options,
     )
     return pool
+
+
+def _warming(init: ResetHook | None, warm: ResetHook) -> ResetHook:
+    async def init_and_warm(conn: asyncpg.Connection) -> None:
+        if init is not None:
+            await init(conn)
+        with contextlib.suppress(asyncpg.PostgresError):
+            await warm(conn)
+
+    return init_and_warm
 
 
 async def connect(
