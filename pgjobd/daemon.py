@@ -107,7 +107,7 @@ def new_member_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-def job_path_warmer(q: Queries) -> db.ResetHook:
+def job_path_warmer(q: Queries) -> db.ConnectionHook:
     """What prepares each connection of the member's pool for the job path: the claim
     path's read, the claim, the look behind the claim cursor and the completion, each run
     once with arguments that match nothing. So the first claims and completions on a

@@ -19,7 +19,8 @@ from pgjobd.config import Config, Pooler, session_timeout_problem
 CANCEL_WAIT_S = 5.0
 # How much longer than statement_timeout the client waits for a statement's answer.
 COMMAND_TIMEOUT_GRACE_S = 5.0
-ResetHook = Callable[[asyncpg.Connection], Awaitable[None]]
+# What a pool runs on one of its connections (its reset on release, its warm-up on opening).
+ConnectionHook = Callable[[asyncpg.Connection], Awaitable[None]]
 # The member's pool plans its prepared statements once (see create_pool's `generic_plans`).
 GENERIC_PLANS = {"plan_cache_mode": "force_generic_plan"}
 
@@ -176,10 +177,10 @@ async def create_pool(
     config: Config,
     *,
     max_size: int | None = None,
-    reset: ResetHook | None = None,
+    reset: ConnectionHook | None = None,
     application_name: str = "pgjobd",
     generic_plans: bool = False,
-    warm: ResetHook | None = None,
+    warm: ConnectionHook | None = None,
 ) -> asyncpg.Pool:
     """`generic_plans`: each prepared statement of the pool's sessions runs with the plan
     made for any parameters, planned once per session (plan_cache_mode). PostgreSQL's
@@ -212,7 +213,7 @@ async def create_pool(
     return pool
 
 
-def _warming(init: ResetHook | None, warm: ResetHook) -> ResetHook:
+def _warming(init: ConnectionHook | None, warm: ConnectionHook) -> ConnectionHook:
     async def init_and_warm(conn: asyncpg.Connection) -> None:
         if init is not None:
             await init(conn)
