@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TextIO
 
 import asyncpg
 
@@ -94,8 +95,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _say(message: str = "") -> None:
-    print(message, flush=True)
+def _say(message: str = "", file: TextIO | None = None) -> None:
+    """One line in one write: the daemon's processes share the stream, and print() writes
+    the line and its end apart when the stream is unbuffered (PYTHONUNBUFFERED), so a
+    worker's log line could land between them (a reader of the ready line then got both)."""
+    stream = sys.stdout if file is None else file
+    stream.write(f"{message}\n")
+    stream.flush()
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -113,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except PgjobdError as e:
-        print(f"pgjobd dev: {e}", file=sys.stderr)
+        _say(f"pgjobd dev: {e}", file=sys.stderr)
         return 1
     finally:
         signal.signal(signal.SIGINT, previous_sigint)
@@ -178,10 +184,10 @@ def _run(args: argparse.Namespace) -> int:
         while cluster.running and (daemon is None or daemon.poll() is None):
             time.sleep(0.5)
         if not cluster.running:
-            print(f"pgjobd dev: the server stopped; see {cluster.log_path}", file=sys.stderr)
+            _say(f"pgjobd dev: the server stopped; see {cluster.log_path}", file=sys.stderr)
         else:
-            print(f"pgjobd dev: the daemon exited ({daemon.returncode if daemon else '?'})",
-                  file=sys.stderr)  # fmt: skip
+            _say(f"pgjobd dev: the daemon exited ({daemon.returncode if daemon else '?'})",
+                 file=sys.stderr)  # fmt: skip
         return 1
     except KeyboardInterrupt:
         return 0
