@@ -139,6 +139,12 @@ BENCHES = [
            r"^the same with bench/floor_chain\.py in the member's place:$",
            rf"^a bare round trip p50 / p99 +{NUMBER}.* / {NUMBER}.*trickle's spacing\)$",
            r"^targets \(issue 17\):$")),
+    Bench("pool_warm.py", ("--reps", "1"),
+          (rf"^first claim path read, claim and completion on a cold connection: median "
+           rf"{NUMBER} ms",
+           rf"^first claim path read, claim and completion on a warmed connection: median "
+           rf"{NUMBER} ms",
+           rf"^cold / warmed: {NUMBER}$")),
     Bench("web.py", ("--history", "1000", "--live", "100", "--requests", "1",
                      "--drain-jobs", "100", "--rounds", "1", "--refresh-s", "0.5"),
           (rf"^  overview / +server p50 +{NUMBER} ms",
