@@ -21,9 +21,8 @@ import asyncpg
 from common import add_server_options, run_on_server
 
 from pgjobd import Client, db
-from pgjobd.client import skip_session_reset
 from pgjobd.config import Config, DatabaseConfig
-from pgjobd.daemon import job_path_warmer
+from pgjobd.daemon import create_member_pool
 from pgjobd.migrate import migrate
 from pgjobd.queries import for_schema
 from pgjobd.statements.job import CompleteRow
@@ -35,10 +34,7 @@ async def first_jobs_ms(config: Config, *, warm: bool) -> float:
     """Opens a one-connection member pool, warmed or not, and times the first claim path
     read, claim and completion of one job on its connection."""
     q = for_schema(SCHEMA)
-    pool = await db.create_pool(
-        config, reset=skip_session_reset, generic_plans=True,
-        warm=job_path_warmer(q) if warm else None,
-    )  # fmt: skip
+    pool = await create_member_pool(config, warm=warm)
     try:
         async with db.acquire(pool) as conn:
             started = time.perf_counter()

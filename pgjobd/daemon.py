@@ -124,6 +124,16 @@ def job_path_warmer(q: Queries) -> db.ConnectionHook:
     return warm
 
 
+async def create_member_pool(config: Config, *, warm: bool = True) -> asyncpg.Pool:
+    """The member's pool: no reset query on release, each statement planned once for any
+    parameters, and (unless not `warm`) each connection prepared for the job path."""
+    q = for_schema(config.database.schema)
+    return await db.create_pool(
+        config, reset=skip_session_reset, generic_plans=True,
+        warm=job_path_warmer(q) if warm else None,
+    )  # fmt: skip
+
+
 class Member:
     def __init__(self, config: Config, reload_config: Callable[[], Config] | None = None) -> None:
         self.live = LiveConfig(config)
@@ -204,10 +214,7 @@ class Member:
         """The member's pool, its schema checked (see _at_start)."""
 
         async def open_and_check() -> asyncpg.Pool:
-            pool = await db.create_pool(
-                self.config, reset=skip_session_reset, generic_plans=True,
-                warm=job_path_warmer(self.q),
-            )  # fmt: skip
+            pool = await create_member_pool(self.config)
             try:
                 async with db.acquire(pool) as conn:
                     await migrate.check_schema(conn, self.config.database.schema, deep=True)

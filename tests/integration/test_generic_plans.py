@@ -12,9 +12,8 @@ import asyncpg
 import pytest
 
 from pgjobd import Client, db
-from pgjobd.client import skip_session_reset
 from pgjobd.config import Config, DatabaseConfig
-from pgjobd.daemon import job_path_warmer
+from pgjobd.daemon import create_member_pool
 from pgjobd.queries import Queries, for_schema
 from pgjobd.statements.job import ClaimKey
 
@@ -79,12 +78,7 @@ WARMED = ("queue_claim_path_get", "job_claim", "job_available_behind", "job_comp
 async def _members_pool(dsn: str, schema: str) -> asyncpg.Pool:
     """A pool made as the member makes its own, opening two connections at once."""
     config = Config(database=DatabaseConfig(schema=schema, pool_min=2, pool_max=2), dsn=dsn)
-    return await db.create_pool(
-        config,
-        reset=skip_session_reset,
-        generic_plans=True,
-        warm=job_path_warmer(for_schema(schema)),
-    )
+    return await create_member_pool(config)
 
 
 async def _prepared(conn: asyncpg.Connection, q: Queries) -> dict[str, tuple[int, int]]:
