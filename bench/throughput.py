@@ -618,7 +618,11 @@ def read_from(path: Path, offset: int) -> str:
         return f.read().decode("utf-8", "replace")
 
 
-def run_peer(peer: str, rep: int, n: int, out: Path, dsn: str) -> None:
+def run_peer(
+    peer: str, rep: int, n: int, out: Path, dsn: str, *, trickle: int, trickle_rate: float
+) -> None:
+    """One rep of the peer's harness: its drains and a trickle as long as pgjobd's, at
+    the same rate (0: none), so that the two trickles' p99s are of as many jobs."""
     python = PEERS_DIR / peer / "bin" / "python"
     script = PEERS_HARNESS / f"bench_{peer}.py"
     if not python.exists() or not script.exists():
@@ -630,7 +634,8 @@ def run_peer(peer: str, rep: int, n: int, out: Path, dsn: str) -> None:
                         "PGUSER": url.username or "root",
                         "BENCH_ADMIN_DB": url.path.lstrip("/") or "test"}  # fmt: skip
     fresh = ["--fresh-db"] if rep == 1 else []
-    command = [str(python), str(script), "run", "--rep", str(rep), "--n", str(n), "--out", str(out)]
+    command = [str(python), str(script), "run", "--rep", str(rep), "--n", str(n), "--out", str(out),
+               "--trickle", str(trickle), "--trickle-rate", str(trickle_rate)]  # fmt: skip
     done = subprocess.run([*command, *fresh], env=env, check=False, cwd=PEERS_HARNESS)
     if done.returncode:
         print(f"peer {peer} rep {rep} failed: exit {done.returncode}")
@@ -960,7 +965,8 @@ async def main(args: argparse.Namespace) -> Results:
                             await round_trips(h, args.trickle, args.trickle_rate)
                         )
                     for peer in args.peers.split():
-                        run_peer(peer, rep, args.n, peers_out, args.dsn)
+                        run_peer(peer, rep, args.n, peers_out, args.dsn,
+                                 trickle=args.trickle, trickle_rate=args.trickle_rate)  # fmt: skip
                 results.peers = [json.loads(line) for line in read_from(peers_out, 0).splitlines()]
                 report(results)
                 if args.profile:
@@ -1001,7 +1007,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", default="1:50:all,2:50:all,1:50:none,1:20:all,1:100:all",
                         help="processes:concurrency:history[:def][:batch|:other] per drain "
                         "round; the first is also the statement-log and profile round")  # fmt: skip
-    parser.add_argument("--trickle", type=int, default=200, help="jobs; 0 skips")
+    # 1,000: a p99 of 200 jobs is their second slowest, set by one stall of the host.
+    parser.add_argument("--trickle", type=int, default=1000, help="jobs; 0 skips")
     parser.add_argument("--trickle-rate", type=float, default=100.0)
     parser.add_argument(
         "--trickle-round",
