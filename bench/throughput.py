@@ -217,7 +217,11 @@ class Member:
                        "--schema", schema, "--processes", str(rnd.processes),
                        "--concurrency", str(rnd.concurrency), "--history", rnd.history,
                        *floor_args]  # fmt: skip
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        # In its run directory: `python -m` puts the working directory first on sys.path,
+        # so from the repository's root a member would run the repository's pgjobd
+        # whatever PYTHONPATH names (another tree, for an A/B).
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT,
+                                        env=env, cwd=rundir)  # fmt: skip
         self.spawned_at = time.time()
 
     async def wait_ready(self, h: Harness) -> None:
@@ -985,7 +989,10 @@ def code_state() -> str:
         return run.stdout.decode().strip()
 
     dirty = git("status", "--porcelain", "--", "../pgjobd").splitlines()
-    return f"head {git('rev-parse', '--short', 'HEAD')}, dirty files under pgjobd/: {len(dirty)}"
+    state = f"head {git('rev-parse', '--short', 'HEAD')}, dirty files under pgjobd/: {len(dirty)}"
+    if os.environ.get("PYTHONPATH"):
+        state += f"; the members import from PYTHONPATH={os.environ['PYTHONPATH']} first"
+    return state
 
 
 def floor_variant(text: str) -> tuple[str, str]:
