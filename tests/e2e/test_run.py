@@ -138,18 +138,31 @@ async def test_two_members_never_run_one_job_at_once(
     ledger = tmp_path / "ledger"
     await start_member()
     await start_member()
+    # Both members claiming before the jobs come: a member's row appears before its
+    # workers are up, and one member alone can run 400 short jobs before the other's
+    # first claim (seen through PgBouncer). 16 jobs held at a gate fill both members'
+    # slots (concurrency 8 each), so all 16 start only once both claim.
+    release = tmp_path / "release"
+    gates = [{"started": str(tmp_path / f"started_{i}"), "release": str(release)}
+             for i in range(16)]  # fmt: skip
+    gate_ids = await client.enqueue_many([("waits_for_gate", gate) for gate in gates])
+    await wait_until(
+        lambda: all(Path(gate["started"]).exists() for gate in gates),
+        what="16 gated jobs running at once, 8 in each member",
+    )
     ids = await client.enqueue_many(
         [("record", {"path": str(ledger), "hold_s": 0.002}) for _ in range(400)]
     )
+    release.touch()  # both members' slots free at once: each claims a share of the 400
 
-    records = await wait_all_final(conn, schema, len(ids), timeout_s=60)
+    records = await wait_all_final(conn, schema, len(ids) + len(gate_ids), timeout_s=60)
 
     runs = [line.split() for line in ledger.read_text().splitlines()]
     ran = sorted(int(run[0]) for run in runs)
     assert ran == sorted(ids)  # each job ran exactly once: no fault, no repeat
     assert {r["state"] for r in records.values()} == {"completed"}
-    owners = {r["owner"] for r in records.values()}
-    assert len(owners) == 2  # both members took a share
+    assert len({records[i]["owner"] for i in gate_ids}) == 2  # both members claimed
+    assert len({records[i]["owner"] for i in ids}) == 2  # and both took a share of the 400
 
 
 @pytest.mark.core
